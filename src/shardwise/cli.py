@@ -1,0 +1,121 @@
+"""The `shardwise` command: parse arguments, call the library, render. A ShardwiseError becomes one line, exit 2."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from shardwise.cost.comm import CollectiveCost, collective_cost
+from shardwise.errors import ShardwiseError
+from shardwise.hardware.collectives import Collective
+from shardwise.hardware.load import gpus as all_gpus
+from shardwise.hardware.load import load_gpu
+from shardwise.report import json as report_json
+from shardwise.report import table as report_table
+from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
+from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
+from shardwise.spec.weights import weight_ledger
+from shardwise.units import parse_quantity
+
+app = typer.Typer(
+    help="What is the best way to serve this LLM on these GPUs, and why.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (SI units) instead of tables.")]
+_state = {"debug": False}
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False) -> None:
+    _state["debug"] = debug
+
+
+@app.command()
+def models(json: JsonFlag = False) -> None:
+    """List the bundled models: sizes, active parameters, weights and KV-cache bytes per token."""
+    rows = []
+    for alias, entry in catalog().items():
+        model = load_model(alias)
+        rows.append((entry, model, weight_ledger(model)))
+    if json:
+        typer.echo(report_json.dumps([report_json.model_payload(m, ledger, e) | {"components": None}
+                                      for e, m, ledger in rows]))
+    else:
+        report_table.print_renderable(report_table.models_table(rows))
+
+
+@app.command()
+def gpus(name: Annotated[Optional[str], typer.Argument(help="One GPU by name or alias; all when omitted.")] = None,
+         json: JsonFlag = False) -> None:
+    """List the GPU catalog: memory, bandwidth (spec and measured), dense tensor FLOP/s, links."""
+    chosen = [load_gpu(name)] if name else list(all_gpus().values())
+    if json:
+        typer.echo(report_json.dumps([report_json.gpu_payload(g) for g in chosen]))
+    else:
+        report_table.print_renderable(report_table.gpus_table(chosen))
+
+
+@app.command()
+def inspect(
+    model: Annotated[str, typer.Argument(help="Bundled name, path to config.json (or its folder), or Hub id.")]
+    = DEFAULT_MODEL,
+    weight_dtype: Annotated[Optional[str], typer.Option(
+        help="What-if weight format: 'fp8', 'nvfp4', 'bf16', or per group 'experts=int4,attention=fp8'.")] = None,
+    kv_dtype: Annotated[Optional[str], typer.Option(help="What-if KV-cache dtype: bf16, fp8.")] = None,
+    json: JsonFlag = False,
+) -> None:
+    """Parameters, bytes and format of every component of a model, and its KV-cache bytes per token."""
+    spec = load_model(model, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    ledger = weight_ledger(spec)
+    entry = catalog().get(model.lower())
+    if json:
+        typer.echo(report_json.dumps(report_json.model_payload(spec, ledger, entry)))
+    else:
+        report_table.print_renderable(report_table.inspect_view(spec, ledger, entry))
+
+
+def _cluster_costs(cluster: ClusterSpec, sizes: list[float]) -> list[CollectiveCost]:
+    groups = sorted({n for n in (2, 4, 8, cluster.gpus_per_node, cluster.num_gpus) if 2 <= n <= cluster.num_gpus})
+    costs = []
+    for op in (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.ALL_TO_ALL):
+        for n in groups:
+            costs.extend(collective_cost(cluster, op, size_bytes=s, gpus=n) for s in sizes)
+            custom = cluster.collectives and cluster.collectives.curve(op, n, "custom")
+            if custom:
+                costs.extend(collective_cost(cluster, op, size_bytes=s, gpus=n, impl="custom") for s in sizes)
+    return costs
+
+
+@app.command()
+def cluster(
+    spec: Annotated[str, typer.Argument(help="Short form (8xrtx-pro-6000, 2x8xh100) or a cluster YAML file.")]
+    = DEFAULT_CLUSTER,
+    sizes: Annotated[str, typer.Option(help="Message sizes for the collective table, comma-separated.")]
+    = "16 KiB,1 MiB,64 MiB",
+    json: JsonFlag = False,
+) -> None:
+    """Describe a cluster and what its collectives cost (measured where measured, α–β elsewhere)."""
+    parsed = load_cluster(spec)
+    size_bytes = [parse_quantity(s, dimension="bytes") for s in sizes.split(",") if s.strip()]
+    costs = _cluster_costs(parsed, size_bytes)
+    if json:
+        typer.echo(report_json.dumps(report_json.cluster_payload(parsed, costs)))
+    else:
+        report_table.print_renderable(report_table.cluster_view(parsed, costs, size_bytes))
+
+
+def main() -> None:
+    """Console entry point: user errors become one line on stderr and exit code 2."""
+    try:
+        app()
+    except ShardwiseError as exc:
+        if _state["debug"]:
+            raise
+        Console(stderr=True).print(Text("error: ", style="red") + Text(str(exc)), soft_wrap=True)
+        sys.exit(2)

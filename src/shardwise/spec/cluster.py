@@ -1,0 +1,153 @@
+"""ClusterSpec: what the model runs on — nodes × GPUs, the link inside a node, the network between nodes.
+
+Two ways to say it: a short form, `8xrtx-pro-6000` (one node of 8) or `2x8xh100` (2 nodes of 8), which
+takes each link from the GPU's own profile; or a YAML file for anything else (NUMA split, P2P off, a given
+network). Measured collective tables attach themselves when the GPU family, the link and P2P match.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shardwise.errors import SpecError
+from shardwise.hardware.collectives import CollectiveTables
+from shardwise.hardware.load import collective_tables, load_gpu, load_link, read_yaml, validate
+from shardwise.hardware.profile import GpuProfile, LinkProfile
+
+DEFAULT_CLUSTER = "8xrtx-pro-6000"
+DEFAULT_NETWORK = "ib-ndr"  # one 400 Gb/s NIC per GPU, the usual H100/H200 build (AIC-S)
+MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold
+MAX_NODES = 4096
+_SHORT = re.compile(r"^(?:(\d+)x)?(?:(\d+)x)?([a-z0-9][a-z0-9.\-]*)$")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class IntraNode(Frozen):
+    link: LinkProfile
+    p2p: bool = Field(description="GPUs reach each other's memory directly (PCIe P2P, NVLink)")
+    numa_nodes: int = Field(1, ge=1, description="CPU sockets the GPUs are split across (PCIe boxes)")
+    pcie_switches: int = Field(0, ge=0, description="PCIe switches the GPUs hang off (0: CPU root ports)")
+
+
+class InterNode(Frozen):
+    network: LinkProfile
+    nics_per_node: int = Field(ge=1)
+    assumed: bool = Field(False, description="chosen by default, not given by the user")
+
+
+class ClusterSpec(Frozen):
+    name: str
+    nodes: int = Field(ge=1, le=MAX_NODES)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    gpu: GpuProfile
+    intra: IntraNode
+    inter: InterNode | None = None
+    collectives: CollectiveTables | None = Field(None, description="measured tables of a matching box")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def network_bytes_per_s_per_gpu(self) -> float | None:
+        """Inter-node bandwidth one GPU gets, one direction."""
+        if self.inter is None:
+            return None
+        per_nic = self.inter.network.bandwidth_bytes_per_s
+        return per_nic * self.inter.nics_per_node / self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def numa_of(self, gpu: int) -> int:
+        per_numa = max(1, self.gpus_per_node // self.intra.numa_nodes)
+        return (gpu % self.gpus_per_node) // per_numa
+
+
+class ClusterFile(Frozen):
+    """The YAML form, before names are resolved."""
+
+    name: str | None = None
+    gpu: str
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    intra_node: dict[str, Any] = Field(default_factory=dict)
+    inter_node: dict[str, Any] | None = None
+
+
+def _matching_tables(gpu: GpuProfile, intra: IntraNode) -> CollectiveTables | None:
+    for tables in collective_tables():
+        match = tables.applies_to
+        if match.gpu_family == gpu.family and match.link == intra.link.name and match.p2p == intra.p2p:
+            return tables
+    return None
+
+
+def build_cluster(*, name: str, gpu: str, nodes: int, gpus_per_node: int, intra_node: dict[str, Any] | None = None,
+                  inter_node: dict[str, Any] | None = None) -> ClusterSpec:
+    """Resolve GPU and link names into a ClusterSpec, taking unstated links from the GPU's profile."""
+    profile = load_gpu(gpu)
+    intra_node = dict(intra_node or {})
+    default_link = profile.gpu_link.value if profile.has_gpu_link else profile.host_link.value
+    unknown = set(intra_node) - {"link", "p2p", "numa_nodes", "pcie_switches"}
+    if unknown:
+        raise SpecError(f"unknown intra_node keys {sorted(unknown)}; use link, p2p, numa_nodes, pcie_switches")
+    intra = validate(IntraNode, {"link": load_link(str(intra_node.pop("link", default_link))),
+                                 "p2p": intra_node.pop("p2p", profile.p2p.value), **intra_node},
+                     origin=f"cluster {name} intra_node")
+    inter = None
+    if nodes > 1 or inter_node:
+        given = dict(inter_node or {})
+        network = load_link(str(given.pop("network", DEFAULT_NETWORK)))
+        inter = validate(InterNode, {"network": network, "nics_per_node": given.pop("nics_per_node", gpus_per_node),
+                                     "assumed": inter_node is None, **given}, origin=f"cluster {name} inter_node")
+    return validate(ClusterSpec, {"name": name, "nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": profile,
+                                  "intra": intra, "inter": inter, "collectives": _matching_tables(profile, intra)},
+                    origin=f"cluster {name}")
+
+
+def parse_short(text: str) -> ClusterSpec:
+    """`8xrtx-pro-6000` → 1 node × 8; `2x8xh100` → 2 nodes × 8; `h200` → 1 × 1."""
+    match = _SHORT.match(text.strip().lower())
+    if match is None:
+        raise SpecError(f"cannot read cluster {text!r}; write GPUSxNAME (8xrtx-pro-6000), NODESxGPUSxNAME "
+                        "(2x8xh100) or a cluster YAML file")
+    first, second, gpu = match.groups()
+    nodes, per_node = (int(first), int(second)) if second else (1, int(first or 1))
+    if nodes < 1 or per_node < 1:
+        raise SpecError(f"cluster {text!r} has zero GPUs or nodes; counts start at 1")
+    if per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
+        raise SpecError(f"cluster {text!r} is too large: at most {MAX_GPUS_PER_NODE} GPUs per node "
+                        f"and {MAX_NODES} nodes")
+    return build_cluster(name=text.strip().lower(), gpu=gpu, nodes=nodes, gpus_per_node=per_node)
+
+
+def _bundled(name: str) -> Path | None:
+    path = Path(str(resources.files("shardwise") / "data" / "clusters" / f"{name}.yaml"))
+    return path if path.is_file() else None
+
+
+def load_cluster(ref: str = DEFAULT_CLUSTER) -> ClusterSpec:
+    """A cluster from a YAML file, a bundled cluster name, or the short form."""
+    path = Path(ref).expanduser()
+    if not path.is_file():
+        path = _bundled(ref.strip().lower()) or path
+    if not path.is_file():
+        if ref.endswith((".yaml", ".yml")):
+            raise SpecError(f"cluster file {ref} does not exist")
+        return parse_short(ref)
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path} must hold a YAML mapping with gpu, gpus_per_node and optionally nodes, "
+                        "intra_node, inter_node")
+    spec = validate(ClusterFile, raw, origin=str(path))
+    return build_cluster(name=spec.name or path.stem, gpu=spec.gpu, nodes=spec.nodes,
+                         gpus_per_node=spec.gpus_per_node, intra_node=spec.intra_node, inter_node=spec.inter_node)

@@ -1,0 +1,180 @@
+"""ModelSpec: what is served, normalised from a Hugging Face config.json into one engine-free shape.
+
+Every architecture family (DeepSeek-V3/Kimi MLA+MoE, Qwen3-MoE, Llama, Mixtral, gpt-oss, GLM-4.5,
+MiniMax-M2, Qwen3-Next, ...) is read into the same description: an attention block (MLA or GQA, per
+layer full / sliding-window / linear), an MLP block per layer (dense or MoE), embeddings, and the
+checkpoint's quantization. Weight counts and bytes are derived from it in `weights.py`; reading the
+config files is `hf_config.py`'s job.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shardwise.spec.quant import OverriddenScheme, QuantScheme, kv_dtype_bytes, parse_weight_override
+
+LayerAttention = Literal["full", "sliding", "linear"]
+LayerMlp = Literal["dense", "moe"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class MlaSpec(Frozen):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): low-rank Q and a shared compressed KV."""
+
+    q_lora_rank: int | None = Field(description="rank of the Q down-projection; None = full-rank q_proj")
+    kv_lora_rank: int = Field(description="width of the cached KV latent")
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int = Field(description="width of the decoupled RoPE key, cached beside the latent")
+    v_head_dim: int
+
+
+class AttentionSpec(Frozen):
+    kind: Literal["mla", "gqa"]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = Field(description="query/key head width (MLA: nope + rope)")
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: Literal["none", "per_head", "per_layer"] = "none"
+    output_gate: bool = Field(False, description="q_proj also emits a sigmoid gate per head (Qwen3-Next)")
+    sinks: bool = Field(False, description="one learned attention-sink logit per head (gpt-oss)")
+    mla: MlaSpec | None = None
+
+
+class LinearAttentionSpec(Frozen):
+    """Gated DeltaNet linear attention (Qwen3-Next): a fixed-size state per sequence, no KV cache."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+
+class MoESpec(Frozen):
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    num_shared_experts: int = 0
+    shared_intermediate_size: int = Field(0, description="width of one shared expert")
+    shared_expert_gate: bool = Field(False, description="sigmoid gate on the shared expert (Qwen3-Next)")
+    router_bias: bool = False
+    score_correction_bias: bool = Field(False, description="aux-loss-free routing bias (noaux_tc)")
+    expert_bias: bool = Field(False, description="biases on the expert projections (gpt-oss)")
+
+
+class VisionSpec(Frozen):
+    """A ViT encoder plus projector in front of the language model (Kimi K2.5/K2.6 MoonViT)."""
+
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    patch_size: int
+    pos_emb_positions: int
+    merge_tokens: int = Field(description="patches merged into one language-model token")
+    text_hidden_size: int
+
+
+class ModuleNames(Frozen):
+    """Module-name templates of the checkpoint, used to match quantization ignore lists."""
+
+    prefix: str = ""
+    layer: str = "model.layers.{layer}"
+    attention: str = "self_attn"
+    linear_attention: str = "linear_attn"
+    mlp: str = "mlp"
+    experts: str = "mlp.experts.{expert}"
+    expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    shared_experts: str = "mlp.shared_experts"
+    router: str = "mlp.gate"
+    embed: str = "model.embed_tokens"
+    lm_head: str = "lm_head"
+
+
+class ModelSpec(Frozen):
+    """An LLM as the serving stack sees it. Sizes in elements; bytes come from `weights.py`."""
+
+    name: str
+    architecture: str = Field(description="HF architectures[0]")
+    family: str = Field(description="the reader that understood it: 'deepseek', 'qwen3_moe', 'llama', ...")
+    generic: bool = Field(False, description="read by the generic reader: an unknown architecture")
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None
+    dtype: str = Field("bf16", description="dtype of unquantized weights")
+    attention: AttentionSpec
+    layer_attention: tuple[LayerAttention, ...]
+    sliding_window: int | None = None
+    linear_attention: LinearAttentionSpec | None = None
+    layer_mlp: tuple[LayerMlp, ...]
+    intermediate_size: int = Field(0, description="width of the dense MLP")
+    moe: MoESpec | None = None
+    num_mtp_layers: int = Field(0, description="multi-token-prediction layers (loaded only for MTP drafting)")
+    vision: VisionSpec | None = None
+    quant: QuantScheme | OverriddenScheme = QuantScheme()
+    kv_dtype: str = Field("bf16", description="KV-cache element dtype")
+    names: ModuleNames = ModuleNames()
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(kind == "moe" for kind in self.layer_mlp)
+
+    @property
+    def kv_bytes_per_element(self) -> float:
+        return kv_dtype_bytes(self.kv_dtype)
+
+    def kv_bytes_per_token_per_layer(self) -> float:
+        """Bytes one token adds to the cache of one attention layer (MLA: latent + RoPE key; GQA: K and V)."""
+        att = self.attention
+        if att.kind == "mla":
+            assert att.mla is not None
+            elements = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim  # one shared latent, no per-head K/V
+        else:
+            elements = 2 * att.num_kv_heads * att.head_dim  # 2: one K and one V per KV head
+        return elements * self.kv_bytes_per_element
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Bytes per cached token over all layers that keep every token (full attention)."""
+        full = sum(kind == "full" for kind in self.layer_attention)
+        return full * self.kv_bytes_per_token_per_layer()
+
+    def kv_bytes_per_sequence(self, context_tokens: int) -> float:
+        """Cache bytes one sequence holds at `context_tokens`: full layers grow with context, sliding-window
+        layers stop at the window, linear-attention layers hold a fixed state."""
+        per_layer = self.kv_bytes_per_token_per_layer()
+        window = min(context_tokens, self.sliding_window or context_tokens)
+        full = sum(kind == "full" for kind in self.layer_attention)
+        sliding = sum(kind == "sliding" for kind in self.layer_attention)
+        return full * per_layer * context_tokens + sliding * per_layer * window + self.linear_state_bytes
+
+    @property
+    def linear_state_bytes(self) -> float:
+        """Fixed per-sequence state of all linear-attention layers: the conv window plus the recurrent
+        state (value heads × key dim × value dim), in the KV dtype."""
+        lin = self.linear_attention
+        if lin is None:
+            return 0.0
+        conv_channels = 2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim
+        conv = (lin.conv_kernel - 1) * conv_channels
+        recurrent = lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
+        layers = sum(kind == "linear" for kind in self.layer_attention)
+        return layers * (conv + recurrent) * self.kv_bytes_per_element
+
+    def with_overrides(self, *, weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelSpec:
+        """A what-if copy: weights forced to a format ("fp8", "experts=int4,attention=fp8"), KV dtype changed."""
+        update: dict[str, object] = {}
+        if weight_dtype:
+            base = self.quant.base if isinstance(self.quant, OverriddenScheme) else self.quant
+            update["quant"] = parse_weight_override(weight_dtype, base)
+        if kv_dtype:
+            kv_dtype_bytes(kv_dtype)  # validates the name
+            update["kv_dtype"] = kv_dtype
+        return self.model_copy(update=update)

@@ -1,0 +1,98 @@
+"""The command line as a user meets it: tables, --json, and one clear line for every bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from shardwise.cli import app
+
+runner = CliRunner()
+
+
+def run_json(*args: str):
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_inspect_json_for_the_users_model():
+    data = run_json("inspect", "kimi-k2.6")
+    for key in ("total_params", "active_params", "weight_bytes", "kv_bytes_per_token", "components"):
+        assert key in data
+    assert abs(data["total_params"] / 1026.4e9 - 1) < 0.01
+    assert abs(data["active_params"] / 31.7e9 - 1) < 0.01
+    assert abs(data["weight_bytes"] / 594.2e9 - 1) < 0.01
+    assert data["kv_bytes_per_token"] == 70272
+    assert {"name", "params", "bytes"} <= set(data["components"][0])
+    assert sum(c["bytes"] for c in data["components"]) == pytest.approx(data["weight_bytes"])
+
+
+def test_inspect_defaults_to_kimi_and_prints_a_table():
+    result = runner.invoke(app, ["inspect"])
+    assert result.exit_code == 0
+    assert "kimi-k2.6" in result.stdout and "routed_experts" in result.stdout and "int4-g32" in result.stdout
+
+
+def test_inspect_what_if_flags():
+    data = run_json("inspect", "kimi-k2.6", "--weight-dtype", "experts=fp8", "--kv-dtype", "fp8")
+    assert data["kv_bytes_per_token"] == 35136
+    experts = next(c for c in data["components"] if c["name"] == "routed_experts")
+    assert experts["formats"] == ["fp8"]
+
+
+def test_models_and_gpus_json():
+    models = run_json("models")
+    assert {m["model"] for m in models} >= {"kimi-k2.6", "gpt-oss-120b", "llama-3.1-70b"}
+    gpus = run_json("gpus")
+    rtx = next(g for g in gpus if g["name"] == "rtx-pro-6000-server")
+    assert rtx["gpu_link"] == "none" and rtx["facts"]["memory_type"]["value"] == "GDDR7"
+    assert rtx["mem_bandwidth_measured_bytes_per_s"] == pytest.approx(1.49e12)
+    assert run_json("gpus", "h100")[0]["name"] == "h100-sxm"
+
+
+def test_cluster_json():
+    data = run_json("cluster", "8xrtx-pro-6000")
+    assert data["num_gpus"] == 8 and data["measured_collectives"] == "rtx-pro-6000-pcie5"
+    ar8 = [c for c in data["collectives"] if c["op"] == "all_reduce" and c["gpus"] == 8 and c["impl"] == "nccl"]
+    assert ar8 and all(c["method"] == "measured" for c in ar8)
+
+
+def test_tables_render():
+    for args in (["models"], ["gpus"], ["cluster", "2x8xh100"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+
+
+def shardwise(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shardwise", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["inspect", "no-such-model"], "unknown model"),
+    (["inspect", "kimi-k2.6", "--weight-dtype", "fp3"], "unknown weight format"),
+    (["gpus", "h1000"], "unknown GPU"),
+    (["cluster", "8xwarp-drive"], "unknown GPU"),
+    (["cluster", "eight h100s"], "cannot read cluster"),
+    (["cluster", "--sizes", "big"], "cannot read"),
+])
+def test_bad_input_is_one_line_exit_2_no_traceback(args, message):
+    result = shardwise(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_malformed_config_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": 7168,')
+    result = shardwise("inspect", str(path))
+    assert result.returncode == 2 and "not valid JSON" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback():
+    result = shardwise("--debug", "inspect", "no-such-model")
+    assert result.returncode != 0 and "Traceback" in result.stderr

@@ -1,0 +1,73 @@
+"""Data contract: every hardware figure has a unit of the right kind and a source that is listed."""
+
+import pytest
+
+from shardwise.hardware.load import collective_tables, gpus, links, sources
+from shardwise.hardware.profile import Fact, Quantity
+
+DIMENSIONS = {"memory": "bytes", "memory_visible": "bytes", "mem_bandwidth": "bytes_per_s",
+              "mem_bandwidth_measured": "bytes_per_s", "tdp": "W", "l2_cache": "bytes", "sm_count": "count",
+              "bandwidth": "bytes_per_s", "bandwidth_measured": "bytes_per_s", "cross_numa_bandwidth": "bytes_per_s",
+              "collective_busbw": "bytes_per_s", "latency": "s", "collective_step_latency": "s",
+              "p2p_off_latency": "s", "tensor_dense": "flop_per_s", "gemm_measured": "flop_per_s"}
+
+
+def _figures(profile):
+    for field, value in profile:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield f"{field}.{key}", field, item
+        elif isinstance(value, (Quantity, Fact)):
+            yield field, field, value
+
+
+def _all_figures():
+    for profile in [*gpus().values(), *links().values()]:
+        for where, field, figure in _figures(profile):
+            yield f"{profile.name}.{where}", field, figure
+
+
+@pytest.mark.parametrize("where, field, figure", list(_all_figures()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_figure_has_a_listed_source_and_a_sound_unit(where, field, figure):
+    key = figure.source.split()[0]
+    assert key in sources(), f"{where}: source key {key!r} is not in sources.yaml"
+    if key == "ASSUMED":
+        assert figure.uncertain, f"{where}: an assumption must be marked uncertain"
+    if isinstance(figure, Quantity):
+        assert figure.si(DIMENSIONS[field]) > 0, where
+
+
+def test_catalog_covers_the_required_gpus():
+    required = {"rtx-pro-6000-workstation", "rtx-pro-6000-server", "h100-sxm", "h100-pcie", "h200-sxm", "b200",
+                "b300", "gb200", "a100-sxm", "a100-pcie", "l40s", "l4", "rtx-4090", "rtx-5090", "mi300x", "mi325x",
+                "mi355x"}
+    assert required <= set(gpus())
+
+
+@pytest.mark.parametrize("gpu", list(gpus().values()), ids=lambda g: g.name)
+def test_gpu_figures_are_consistent(gpu):
+    if gpu.memory_visible:  # the driver shows a little less than the part holds
+        assert 0.9 * gpu.memory.si("bytes") <= gpu.memory_visible.si("bytes") <= gpu.memory.si("bytes")
+    if gpu.mem_bandwidth_measured:
+        assert gpu.mem_bandwidth_measured_bytes_per_s < gpu.mem_bandwidth_bytes_per_s
+    for dtype, measured in gpu.gemm_measured.items():
+        assert measured.si("flop_per_s") <= gpu.dense_flops_per_s(dtype), dtype
+    assert gpu.host_link.value in links()
+    assert gpu.gpu_link.value == "none" or gpu.gpu_link.value in links()
+    assert gpu.name not in gpu.aliases
+
+
+def test_aliases_are_unique():
+    names = [n for g in gpus().values() for n in (g.name, *g.aliases)]
+    assert len(names) == len(set(names))
+
+
+def test_collective_tables_refer_to_known_things():
+    families = {g.family for g in gpus().values()}
+    for tables in collective_tables():
+        assert tables.applies_to.gpu_family in families
+        assert tables.applies_to.link in links()
+        assert tables.source.split()[0] in sources()
+        for curve in tables.tables:
+            pairs = curve.measured()
+            assert [t for _, t in pairs] == sorted(t for _, t in pairs), "time must grow with size"
