@@ -35,7 +35,8 @@ def test_hub_id_is_fetched_through_huggingface_hub(monkeypatch, write_config):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     assert load_model("someorg/tiny-llama").name == "someorg/tiny-llama"
-    assert calls == [("someorg/tiny-llama", "config.json")]
+    assert load_model("Qwen/Qwen2.5-0.5B").name == "Qwen/Qwen2.5-0.5B"  # dots belong to the name
+    assert calls == [("someorg/tiny-llama", "config.json"), ("Qwen/Qwen2.5-0.5B", "config.json")]
 
 
 def test_hub_offline_is_one_clear_error(monkeypatch):

@@ -83,3 +83,29 @@ def test_deepseek_dense_prefix_and_moe_frequency(write_config):
     assert model.layer_mlp == ("dense", "dense", "moe", "dense", "moe", "dense")
     assert weight_ledger(model).component("attn.q").params == 6 * 4 * 12 * 64  # no q_lora: one q_proj
     assert model.kv_bytes_per_token == 6 * (16 + 4) * 2
+
+
+def test_mistral_sliding_window_caps_every_layer(write_config):
+    # Mistral-7B-v0.1: every layer attends over a 4096-token window
+    cfg = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
+           "sliding_window": 4096}
+    model = load_model(str(write_config(cfg)))
+    assert model.family == "mistral" and set(model.layer_attention) == {"sliding"}
+    per_token = 32 * 2 * 8 * 128 * 2  # 131,072 B while the context is inside the window
+    assert model.kv_bytes_per_sequence(1000) == 1000 * per_token
+    assert model.kv_bytes_per_sequence(32000) == 4096 * per_token
+    assert model.kv_bytes_per_token == per_token
+    assert model.kv_bytes_per_token_beyond_window == 0  # no layer keeps tokens beyond the window
+
+
+def test_qwen2_moe_shared_expert_gate_and_qkv_bias(write_config):
+    cfg = {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 100,
+           "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+           "shared_expert_intermediate_size": 32}
+    ledger = weight_ledger(load_model(str(write_config(cfg))))
+    # shared expert: 3 × 64 × 32 plus its 1 × 64 sigmoid gate, per layer
+    assert ledger.component("shared_experts").params == 2 * (3 * 64 * 32 + 64)
+    assert ledger.component("attn.q").params == 2 * (64 * 64 + 64)  # weight + bias
+    assert ledger.component("attn.o").params == 2 * 64 * 64  # no bias on o_proj

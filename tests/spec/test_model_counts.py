@@ -113,7 +113,8 @@ def test_gpt_oss_120b_mxfp4_sinks_and_sliding_window():
     assert ledger.component("attn.sinks").params == 36 * 64
     assert model.layer_attention.count("sliding") == 18 and model.sliding_window == 128
     per_layer = 2 * 8 * 64 * 2  # K and V, 8 KV heads of 64, BF16
-    assert model.kv_bytes_per_token == 18 * per_layer  # only full layers grow with context
+    assert model.kv_bytes_per_token == 36 * per_layer  # 73,728 B while inside the 128-token window
+    assert model.kv_bytes_per_token_beyond_window == 18 * per_layer  # then only full layers grow
     assert model.kv_bytes_per_sequence(1000) == 18 * per_layer * 1000 + 18 * per_layer * 128
 
 

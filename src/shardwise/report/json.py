@@ -42,6 +42,7 @@ def model_payload(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | 
         "active_params": round(ledger.active_params),
         "weight_bytes": ledger.total_bytes,
         "kv_bytes_per_token": model.kv_bytes_per_token,
+        "kv_bytes_per_token_beyond_window": model.kv_bytes_per_token_beyond_window,
         "kv_dtype": model.kv_dtype,
         "linear_state_bytes_per_sequence": model.linear_state_bytes,
         "sliding_window": model.sliding_window,

@@ -64,7 +64,8 @@ def _model_summary(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry |
                  f"quantization: {model.quant.method}")
     kv = f"KV cache {model.kv_bytes_per_token:,.0f} B/token ({model.kv_dtype})"
     if model.sliding_window:
-        kv += f"; sliding layers capped at {model.sliding_window} tokens"
+        kv += (f"; sliding layers keep only {model.sliding_window} tokens, so past the window a token costs "
+               f"{model.kv_bytes_per_token_beyond_window:,.0f} B")
     if model.linear_state_bytes:
         kv += f"; linear-attention state {format_bytes(model.linear_state_bytes)} per sequence"
     lines.append(kv)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ from shardwise.spec.hf_config import model_from_config
 from shardwise.spec.model import ModelSpec
 
 DEFAULT_MODEL = "kimi-k2.6"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "org/name", as the Hub spells repo ids
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def resolve_config(ref: str) -> tuple[str, dict[str, Any]]:
     entries = catalog()
     if ref.lower() in entries:
         return ref.lower(), read_config_file(_models_dir() / ref.lower() / "config.json")
-    if ref.count("/") == 1 and not ref.endswith((".json", "/")) and not path.suffix:
+    if _HUB_ID.match(ref) and not ref.endswith((".json", ".yaml")):
         return ref, _hub_config(ref)
     close = difflib.get_close_matches(ref.lower(), list(entries), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""

@@ -142,7 +142,13 @@ class ModelSpec(Frozen):
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """Bytes per cached token over all layers that keep every token (full attention)."""
+        """Bytes one token adds to the cache while it is inside every window: all full and sliding layers."""
+        caching = sum(kind != "linear" for kind in self.layer_attention)
+        return caching * self.kv_bytes_per_token_per_layer()
+
+    @property
+    def kv_bytes_per_token_beyond_window(self) -> float:
+        """Bytes per token once the context is past the sliding window: only full-attention layers keep it."""
         full = sum(kind == "full" for kind in self.layer_attention)
         return full * self.kv_bytes_per_token_per_layer()
 

@@ -79,7 +79,10 @@ class WeightLedger(BaseModel):
         return sum(c.active_params for c in self.components)
 
     def component(self, name: str) -> Component:
-        return next(c for c in self.components if c.name == name)
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(f"no component {name!r}; this model has {', '.join(c.name for c in self.components)}")
 
 
 def model_weights(model: ModelSpec, *, mtp: bool = False) -> list[Weight]:
