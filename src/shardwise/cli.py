@@ -10,11 +10,14 @@ from rich.console import Console
 from rich.text import Text
 
 from shardwise.cost.comm import CollectiveCost, collective_cost
-from shardwise.errors import ShardwiseError
+from shardwise.engines.base import engine_names, get_engine
+from shardwise.engines.check import check_command, layouts as list_layouts, model_reference
+from shardwise.errors import ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
 from shardwise.hardware.load import load_gpu
 from shardwise.report import json as report_json
+from shardwise.report import setups as report_setups
 from shardwise.report import table as report_table
 from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
@@ -108,6 +111,61 @@ def cluster(
         typer.echo(report_json.dumps(report_json.cluster_payload(parsed, costs)))
     else:
         report_table.print_renderable(report_table.cluster_view(parsed, costs, size_bytes))
+
+
+GpusOption = Annotated[str, typer.Option("--gpus", help="Cluster: 8xrtx-pro-6000, 2x8xh100, or a cluster YAML file.")]
+VersionOption = Annotated[Optional[str], typer.Option("--engine-version", help="Engine release; default: the latest known.")]
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def check(
+    ctx: typer.Context,
+    model: Annotated[Optional[str], typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")]
+    = None,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    engine_version: VersionOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Will this launch command start, and how? Give the command after --. Exit 1 if the engine would refuse it."""
+    if not ctx.args:
+        raise SpecError("give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
+                        "--model-path moonshotai/Kimi-K2.6 --tp 8")
+    checked = check_command(ctx.args, cluster=load_cluster(gpus), model=model, version=engine_version)
+    setup = checked.setup
+    launch = None
+    if setup.valid:
+        launch = get_engine(setup.engine).launch_command(setup, model_ref=model_reference(checked.model_ref),
+                                                         remote_code=checked.model.remote_code)
+    if json:
+        typer.echo(report_json.dumps(report_setups.check_payload(setup, checked.model, launch)))
+    else:
+        report_table.print_renderable(report_setups.check_view(setup, checked.model))
+    if not setup.valid:
+        raise typer.Exit(1)
+
+
+@app.command()
+def layouts(
+    model: Annotated[str, typer.Option(help="Bundled name, config.json path or Hub id.")] = DEFAULT_MODEL,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    framework: Annotated[str, typer.Option(help="sglang, vllm or all.")] = "sglang",
+    engine_version: VersionOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Every layout the engine accepts for the model on all of the cluster's GPUs, with its launch command."""
+    engines = engine_names() if framework == "all" else [framework]
+    cluster_spec = load_cluster(gpus)
+    spec = None
+    for name in engines:
+        found = list_layouts(model, cluster_spec, engine=name, version=None if framework == "all" else engine_version)
+        spec = spec or (load_model(model) if found else None)
+        rows = [(s, get_engine(name).launch_command(s, model_ref=model_reference(model),
+                                                    remote_code=bool(spec and spec.remote_code))) for s in found]
+        if json:
+            typer.echo(report_json.dumps(report_setups.layouts_payload(rows, spec) if spec else []))
+        else:
+            title = f"{len(rows)} valid {name} layouts of {model} on {cluster_spec.name}"
+            report_table.print_renderable(report_setups.layouts_table(rows, title=title))
 
 
 def main() -> None:

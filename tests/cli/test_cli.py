@@ -96,3 +96,36 @@ def test_malformed_config_file(tmp_path):
 def test_debug_shows_the_traceback():
     result = shardwise("--debug", "inspect", "no-such-model")
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+LAUNCH = ["python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6"]
+
+
+def test_check_json_for_a_valid_and_an_invalid_command():
+    ok = runner.invoke(app, ["check", "--json", "--", *LAUNCH, "--tp", "8", "--ep", "8"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.stdout)
+    assert data["verdict"] == "ok" and data["gpus_used"] == 8 and data["gpus_available"] == 8
+    assert data["effective_flags"]["ep_size"] == 8 and data["reason"] is None
+    assert data["layout"]["description"] == "TP8 EP8" and data["launch_command"].startswith("python -m sglang")
+    bad = runner.invoke(app, ["check", "--json", "--", *LAUNCH, "--tp-size", "2", "--ep-size", "4"])
+    assert bad.exit_code == 1
+    data = json.loads(bad.stdout)
+    assert data["verdict"] == "invalid" and "ZeroDivisionError" in data["engine_error"]
+    assert {"verdict", "gpus_used", "gpus_available", "reason", "effective_flags"} <= set(data)
+
+
+def test_check_warns_about_idle_gpus():
+    result = runner.invoke(app, ["check", "--", *LAUNCH, "--tp-size", "4", "--ep-size", "2"])
+    assert result.exit_code == 0 and "uses 4 of 8 GPUs" in result.stdout
+
+
+def test_check_needs_a_command():
+    result = shardwise("check")
+    assert result.returncode == 2 and "give the launch command after --" in result.stderr
+
+
+def test_layouts_json_lists_launch_commands():
+    data = run_json("layouts", "--framework", "vllm")
+    assert any(row["layout"]["description"] == "DP8 EP8" for row in data)
+    assert all(row["launch_command"].startswith("vllm serve moonshotai/Kimi-K2.6") for row in data)

@@ -43,6 +43,11 @@ def catalog() -> dict[str, CatalogEntry]:
     return {alias: CatalogEntry(alias=alias, **fields) for alias, fields in raw.items()}
 
 
+def find_by_repo(repo: str) -> CatalogEntry | None:
+    """The bundled entry that stands for Hub repo `repo` (case-insensitive), if any."""
+    return next((e for e in catalog().values() if e.repo.lower() == repo.lower()), None)
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse a config.json, turning every way it can be wrong into one SpecError line."""
     try:

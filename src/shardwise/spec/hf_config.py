@@ -111,6 +111,7 @@ def model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
         layer_mlp=_layer_mlp(text, layers), intermediate_size=int(_first(text, "intermediate_size", default=0)),
         moe=_moe(text, family), num_mtp_layers=_mtp_layers(text), vision=_vision(config.get("vision_config")),
         quant=quant, kv_dtype=quant.kv_dtype or dtype, names=names,
+        remote_code=bool(config.get("auto_map") or text.get("auto_map")),
     )
 
 

@@ -250,3 +250,12 @@ def _mtp_weights(model: ModelSpec) -> list[Weight]:
         weights.append(Weight("mtp", "attention", f"model.layers.{layer}.eh_proj", (h, 2 * h), layer))
         weights.append(Weight("norms", "norm", f"model.layers.{layer}.enorm", (3 * h,), layer))  # enorm, hnorm, head norm
     return weights
+
+
+def block_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """Scale-block shape (rows, cols) of each role stored in a block-quantized format (FP8 128×128)."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for w in model_weights(model):
+        if w.format is not None and w.format.block_shape is not None:
+            shapes.setdefault(w.role, w.format.block_shape)
+    return shapes

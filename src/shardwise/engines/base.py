@@ -1,0 +1,137 @@
+"""What every engine module provides, the values it returns, and the registry that finds engines.
+
+An engine reads launch flags (`parse`), applies its own silent rewrites and checks (`resolve` → a
+`Setup` with notes and rejections), maps the result to an engine-neutral `Layout`, lists every valid
+layout for a model on a cluster (`enumerate`), and writes the launch command of a layout.
+Rules are small functions returning a `Rejection` (or None); the engine's error text goes with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shardwise.engines.layout import Layout
+from shardwise.errors import SpecError
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.model import ModelSpec
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Rejection(Frozen):
+    """Why the engine will not run a setup, and what it says when it refuses."""
+
+    rule: str = Field(description="short rule id, e.g. 'moe_tp_zero'")
+    reason: str = Field(description="what is wrong, with the numbers")
+    engine_error: str | None = Field(None, description="the error the engine raises")
+    source: str = Field(description="engine version and source file of the check")
+
+
+class Note(Frozen):
+    """Something the engine does that the command does not say: a rewrite, a deprecation, a warning."""
+
+    kind: Literal["rewrite", "deprecated", "warning"]
+    message: str
+    source: str | None = None
+
+
+class Setup(Frozen):
+    """One launch of one engine, as the engine will run it (or refuse to)."""
+
+    engine: str
+    version: str
+    given: dict[str, Any] = Field(description="options as the command gives them, by canonical name")
+    flags: dict[str, Any] = Field(description="effective options by canonical name, after the engine's rewrites")
+    notes: tuple[Note, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+    layout: Layout | None = None
+    gpus_used: int = Field(description="GPUs the engine starts processes on")
+    gpus_available: int
+
+    @property
+    def valid(self) -> bool:
+        return not self.rejections
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a rule may look at."""
+
+    flags: dict[str, Any]
+    model: ModelSpec
+    cluster: ClusterSpec
+    version: Any  # packaging Version
+    gpus_available: int
+    blocks: dict[str, tuple[int, int]]  # role → FP8 scale-block shape, for block-quantized checkpoints
+
+
+Rule = Callable[[Context], "Rejection | None"]
+
+
+class Engine(Protocol):
+    name: ClassVar[str]
+    supports_expert_parallel: ClassVar[bool]
+    supports_attention_dp: ClassVar[bool]
+    kv_budget: ClassVar[str]  # "of_total" (SGLang mem_fraction_static, vLLM gpu_memory_utilization)
+
+    def resolve(self, argv: list[str], *, model: ModelSpec, cluster: ClusterSpec, version: str | None = None,
+                env: dict[str, str] | None = None) -> Setup: ...
+
+    def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]: ...
+
+    def launch_command(self, setup: Setup, *, model_ref: str) -> list[str]: ...
+
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register_engine(name: str) -> Callable[[type], type]:
+    """Class decorator: make an engine findable by name (built-ins use it too)."""
+
+    def add(cls: type) -> type:
+        cls.name = name  # type: ignore[attr-defined]
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def _load_engines() -> None:
+    """Import the built-in engines and any installed under the 'shardwise.engines' entry point group;
+    importing a module runs its @register_engine."""
+    import shardwise.engines.sglang  # noqa: F401
+    import shardwise.engines.vllm  # noqa: F401
+
+    for entry in entry_points(group="shardwise.engines"):
+        entry.load()
+
+
+def get_engine(name: str) -> Engine:
+    if name not in _REGISTRY:
+        _load_engines()
+    if name not in _REGISTRY:
+        raise SpecError(f"unknown engine {name!r}; known engines: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]()
+
+
+def engine_names() -> list[str]:
+    _load_engines()
+    return sorted(_REGISTRY)
+
+
+def run_rules(rules: list[Rule], ctx: Context) -> Iterator[Rejection]:
+    for rule in rules:
+        rejection = rule(ctx)
+        if rejection is not None:
+            yield rejection
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,196 @@
+"""Engine flag tables (data/engines/*.yaml) and launch commands: parsed as the engine parses them, and written.
+
+Parsing builds an `argparse` parser from the table for the engine version, with the engine's own
+`allow_abbrev` setting, so abbreviations (`--tp` for `--tp-size`), ambiguous prefixes and unknown options
+fail exactly where the engine's parser fails, with the same message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field
+
+from shardwise.errors import SpecError
+from shardwise.hardware.load import read_yaml, validate
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Spelling(Frozen):
+    flag: str
+    since: str | None = None
+    until: str | None = None
+
+    def exists_in(self, version: Version) -> bool:
+        return (self.since is None or version >= Version(self.since)) and (
+            self.until is None or version <= Version(self.until))
+
+
+class Option(Frozen):
+    flags: tuple[Spelling | str, ...]
+    off_flags: tuple[str, ...] = ()  # spellings that turn a switch off (--no-x, --disable-x)
+    type: Literal["int", "float", "str", "bool", "json"]
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+
+    def spellings(self, version: Version) -> list[str]:
+        out = []
+        for item in self.flags:
+            spelling = Spelling(flag=item) if isinstance(item, str) else item
+            if spelling.exists_in(version):
+                out.append(spelling.flag)
+        return out
+
+
+class OtherFlag(Frozen):
+    flags: tuple[str, ...]
+    takes: Literal["flag", "value", "values"]
+
+
+class FlagTable(Frozen):
+    engine: str
+    default_version: str
+    known_versions: tuple[str, ...]
+    allow_abbrev: bool
+    launchers: tuple[tuple[str, ...], ...]
+    model_positional: bool
+    options: dict[str, Option]
+    other_flags: tuple[OtherFlag, ...] = ()
+    other_flags_source: str | None = None
+    memory_tiers: tuple[dict[str, Any], ...] = ()
+    underscores_to_dashes: bool = Field(False, description="the parser rewrites --opt_name to --opt-name first")
+    positional_model_launchers: tuple[tuple[str, ...], ...] = Field(
+        (), description="launchers that take the model as first positional and rewrite it to model_flag")
+    model_flag: str = "--model-path"
+
+
+@cache
+def flag_table(engine: str) -> FlagTable:
+    path = Path(str(resources.files("shardwise") / "data" / "engines" / f"{engine}.yaml"))
+    return validate(FlagTable, read_yaml(path), origin=str(path))
+
+
+def parse_version(text: str, engine: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion as exc:
+        raise SpecError(f"{engine} version {text!r} is not a version number; write e.g. "
+                        f"{flag_table(engine).default_version}") from exc
+
+
+class EngineArgError(Exception):
+    """The engine's argument parser would exit with this message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would print usage and exit(2); the engine does the same
+        raise EngineArgError(message)
+
+
+def _parser(table: FlagTable, version: Version) -> _Parser:
+    parser = _Parser(prog=table.engine, allow_abbrev=table.allow_abbrev, add_help=False)
+    if table.model_positional:
+        parser.add_argument("model_tag", nargs="?")
+    for name, option in table.options.items():
+        spellings = option.spellings(version)
+        if not spellings:
+            continue
+        if option.type == "bool":
+            parser.add_argument(*spellings, dest=name, action="store_true", default=None)
+            if option.off_flags:
+                parser.add_argument(*option.off_flags, dest=name, action="store_false", default=None)
+        else:
+            kind = _TYPES.get(option.type, str)
+            parser.add_argument(*spellings, dest=name, type=kind, default=None,
+                                choices=list(option.choices) if option.choices else None)
+    for i, other in enumerate(table.other_flags):
+        if other.takes == "flag":
+            parser.add_argument(*other.flags, dest=f"_other{i}", action="store_true", default=None)
+        else:
+            parser.add_argument(*other.flags, dest=f"_other{i}", nargs="+" if other.takes == "values" else None)
+    return parser
+
+
+def parse_flags(table: FlagTable, argv: list[str], version: Version) -> dict[str, Any]:
+    """The options shardwise models, by canonical name, as the engine's parser reads `argv`.
+    Raises EngineArgError with the engine's own message for an unknown, ambiguous or malformed option."""
+    if table.underscores_to_dashes:
+        argv = [_dashed(a) for a in argv]
+    namespace = _parser(table, version).parse_args(argv)
+    values = {k: v for k, v in vars(namespace).items() if not k.startswith("_other") and v is not None}
+    return values
+
+
+def _dashed(token: str) -> str:
+    if not token.startswith("--"):
+        return token
+    name, sep, value = token.partition("=")
+    return name.replace("_", "-") + sep + value
+
+
+# --- recognising and writing whole commands ---------------------------------------------------------
+
+ENGINES = ("sglang", "vllm")
+
+
+def split_command(command: list[str] | str) -> tuple[str, dict[str, str], list[str]]:
+    """(engine, environment assignments, the flags after the launcher) of a launch command."""
+    tokens = shlex.split(command) if isinstance(command, str) else list(command)
+    env: dict[str, str] = {}
+    while tokens and "=" in tokens[0] and not tokens[0].startswith("-"):
+        key, _, value = tokens.pop(0).partition("=")
+        env[key] = value
+    for engine in ENGINES:
+        table = flag_table(engine)
+        for launcher in table.launchers:
+            if _starts_with(tokens, launcher):
+                rest = tokens[len(launcher):]
+                if launcher in table.positional_model_launchers and rest and not rest[0].startswith("-"):
+                    rest = [table.model_flag, rest[0], *rest[1:]]
+                return engine, env, rest
+    shown = " ".join(tokens[:3]) or "(nothing)"
+    raise SpecError(f"not a launch command shardwise knows: {shown!r}; expected 'python -m sglang.launch_server …', "
+                    "'sglang serve …', 'vllm serve MODEL …' or 'python -m vllm.entrypoints.openai.api_server …'")
+
+
+def _starts_with(tokens: list[str], launcher: tuple[str, ...]) -> bool:
+    if len(tokens) < len(launcher):
+        return False
+    first = Path(tokens[0]).name
+    python = launcher[0] == "python" and (first == "python" or first.startswith("python3"))
+    return (python or first == launcher[0]) and tokens[1:len(launcher)] == list(launcher[1:])
+
+
+def render_command(table: FlagTable, version: Version, *, model_ref: str, values: dict[str, Any]) -> list[str]:
+    """A launch command for `values` (canonical names), spelled as this version of the engine spells it."""
+    argv = list(table.launchers[0])
+    if table.model_positional:
+        argv.append(model_ref)
+    else:
+        values = {"model_path": model_ref, **values}
+    for name, value in values.items():
+        option = table.options[name]
+        spellings = option.spellings(version)
+        if not spellings:
+            raise SpecError(f"{table.engine} {version} has no flag for {name}")
+        if option.type == "bool":
+            if value:
+                argv.append(spellings[0])
+        else:
+            argv += [spellings[0], str(value)]
+    return argv
+
+
+def command_text(argv: list[str]) -> str:
+    return shlex.join(argv)

@@ -1,0 +1,73 @@
+"""Engine-neutral layouts: groups of GPUs, component splits and the collectives of a step."""
+
+from shardwise import Collective, load_model
+from shardwise.engines.layout import Layout, comm_steps, groups, splits
+
+
+def sglang(**kw) -> Layout:
+    tp = kw.pop("stage_gpus", 8)
+    fields = {"dense_tp": tp, "shared_tp": tp, "lm_head_tp": tp, **kw}
+    return Layout(engine="sglang", version="0.5.23", stage_gpus=tp, **fields)
+
+
+def test_ep_groups_stride_by_moe_tp():
+    # tp 8, ep 4 → moe_tp 2: EP groups [0,2,4,6] and [1,3,5,7]; MoE-TP groups [0,1] [2,3] [4,5] [6,7]
+    g = groups(sglang(moe_ep=4))
+    assert g["moe_ep"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert g["moe_tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert g["attn_tp"] == [list(range(8))]
+
+
+def test_pipeline_and_replica_groups():
+    g = groups(sglang(stage_gpus=2, pp=2, replicas=2))
+    assert g["stage"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert g["pp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+def test_vllm_dp_outside_pp():
+    # vLLM orders ranks DP × PP × TP: dp 2, pp 2, tp 2 → stage 0 of DP rank 1 is GPUs 4, 5
+    lay = Layout(engine="vllm", version="0.33.0", pp=2, stage_gpus=4, attn_dp=2, dense_tp=2, shared_tp=2,
+                 lm_head_tp=2, dp_outside_pp=True)
+    g = groups(lay)
+    assert g["stage"] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert g["attn_tp"] == [[0, 1], [4, 5], [2, 3], [6, 7]]
+
+
+def test_tp8_kimi_has_122_all_reduces_per_step():
+    # the reference count: about two all-reduces per layer over 61 layers (attention + MLP)
+    steps = comm_steps(sglang(), load_model("kimi-k2.6"))
+    per_layer = [s for s in steps if s.op is Collective.ALL_REDUCE and s.per != "step"]
+    counts = {"layer": 61, "moe_layer": 60, "dense_layer": 1}
+    assert sum(counts[s.per] for s in per_layer) == 122
+    assert all(s.bytes_per_token == 7168 * 2 for s in per_layer)
+
+
+def test_attention_dp_gathers_instead_of_all_reducing():
+    steps = comm_steps(sglang(attn_dp=8, moe_ep=8), load_model("kimi-k2.6"))
+    ops = {(s.op, s.per) for s in steps}
+    assert (Collective.ALL_GATHER, "moe_layer") in ops and (Collective.REDUCE_SCATTER, "moe_layer") in ops
+    assert not any(s.group == "attn_tp" for s in steps)  # attention TP 1: nothing to reduce
+
+
+def test_a2a_dispatch_and_combine():
+    lay = sglang(moe_ep=8, moe_comm="all2all", shared_tp=1)
+    steps = comm_steps(lay, load_model("kimi-k2.6"))
+    a2a = [s for s in steps if s.op is Collective.ALL_TO_ALL]
+    assert [s.where for s in a2a] == ["MoE dispatch", "MoE combine"]
+    assert a2a[0].bytes_per_token == 7168 * 2 * 8  # each token goes to its top-8 experts
+
+
+def test_splits_of_kimi_at_attention_dp():
+    parts = {s.component: s for s in splits(sglang(attn_dp=8, moe_ep=8), load_model("kimi-k2.6"))}
+    assert parts["attention heads (q, k/v up-projections, o)"].ways == 1  # replicated per attention-DP rank
+    assert parts["routed experts"].ways == 8
+    assert parts["KV cache"].ways == 1
+
+
+def test_describe():
+    assert sglang().describe() == "TP8"
+    assert sglang(moe_ep=8).describe() == "TP8 EP8"
+    assert sglang(moe_ep=4).describe() == "TP8 EP4×TP2"
+    assert sglang(attn_dp=8, moe_ep=8).describe() == "DP8 EP8"
+    assert sglang(stage_gpus=1, pp=8).describe() == "PP8"
+    assert sglang(stage_gpus=4, replicas=2).describe() == "2× TP4"

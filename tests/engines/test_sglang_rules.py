@@ -1,0 +1,159 @@
+"""Each SGLang rule, on each side of its line."""
+
+import pytest
+
+from shardwise import load_cluster, load_model
+from shardwise.engines.base import get_engine
+
+SGLANG = get_engine("sglang")
+
+
+def resolve(flags: str, *, model="kimi-k2.6", cluster="8xrtx-pro-6000", version=None, env=None):
+    return SGLANG.resolve(flags.split(), model=load_model(model), cluster=load_cluster(cluster), version=version,
+                          env=env)
+
+
+def rules(setup):
+    return [r.rule for r in setup.rejections]
+
+
+@pytest.mark.parametrize("ok, bad, rule", [
+    ("--tp 8 --attn-dp-size 4", "--tp 8 --attn-dp-size 3", "attn_dp_divides_tp"),
+    ("--tp 8 --ep 8", "--tp 4 --ep 8", "moe_tp_zero"),
+    # 384 experts + redundant slots must split evenly over EP 8
+    ("--tp 8 --ep 8 --ep-num-redundant-experts 8", "--tp 8 --ep 8 --ep-num-redundant-experts 3", "experts_split_evenly"),
+    ("--tp 8 --dp-size 1 --attn-dp-size 8", "--tp 4 --dp-size 2 --attn-dp-size 2", "replicas_with_attn_dp"),
+    ("--tp 8 --attn-dp-size 8", "--tp 8 --attn-dp-size 8 --attn-cp-size 2", "attn_cp_divides_tp"),
+    ("--tp 8 --moe-dense-tp-size 1", "--tp 8 --moe-dense-tp-size 2", "moe_dense_tp"),
+    ("--tp 8 --dcp-size 8", "--tp 4 --dcp-size 8", "dcp_divides_tp"),
+    ("--tp 8 --ep 8 --enable-eplb", "--tp 8 --enable-eplb", "eplb_needs_ep"),
+    ("--tp 8 --attn-dp-size 8 --enable-two-batch-overlap", "--tp 8 --enable-two-batch-overlap", "tbo_needs_a2a"),
+    ("--tp 8 --attn-dp-size 8 --enable-dp-lm-head", "--tp 8 --enable-dp-lm-head", "dp_lm_head_needs_attn_dp"),
+    ("--tp 8 --chunked-prefill-size 8192 --page-size 64", "--tp 8 --chunked-prefill-size 8100 --page-size 64",
+     "chunk_page"),
+    ("--tp 8", "--tp 16", "not_enough_gpus"),
+    ("--tp 8 --pp-size 1 --speculative-algorithm EAGLE3 --speculative-draft-model-path d",
+     "--tp 4 --pp-size 2 --speculative-algorithm EAGLE3 --speculative-draft-model-path d", "pp_with_spec"),
+    ("--tp 8 --speculative-algorithm EAGLE3 --speculative-draft-model-path some/draft",
+     "--tp 8 --speculative-algorithm EAGLE3", "mtp_needs_draft"),
+    ("--tp 8 --moe-dp-size 2 --ep 4", "--tp 8 --moe-dp-size 2 --ep 2", "moe_dp"),
+])
+def test_rule_both_sides(ok, bad, rule):
+    assert resolve(ok).valid, rules(resolve(ok))
+    assert rule in rules(resolve(bad))
+
+
+def test_ep_not_dividing_tp_is_a_topology_error():
+    # 8 = 3 × 1 × 2 fails the publish-time check (384 experts would split over 3 just fine)
+    setup = resolve("--tp 8 --ep 3")
+    assert rules(setup) == ["ep_divides_tp"]
+    assert "8 != 3 * 1 * 2" in setup.rejections[0].engine_error
+    assert resolve("--tp 8 --ep 4").valid
+    # block-quantized checkpoints fail earlier, at model load, with their own message
+    fp8 = resolve("--tp 8 --ep 3", model="kimi-k2-instruct")
+    assert fp8.rejections[0].engine_error == "ValueError: tp_size 8 must be divisible by ep_size 3"
+
+
+def test_heads_split_over_attention_tp():
+    # Kimi has 64 heads: attention TP 16 is fine on 16 GPUs, 3 is not
+    assert "heads_split" in rules(resolve("--tp 6", cluster="6xrtx-pro-6000"))
+    assert resolve("--tp 16", cluster="2x8xrtx-pro-6000").valid is False  # needs --nnodes 2
+    assert resolve("--tp 16 --nnodes 2", cluster="2x8xrtx-pro-6000").valid
+
+
+def test_gqa_kv_heads_replicate_or_split():
+    assert resolve("--tp 8", model="llama-3.1-70b").valid  # 8 KV heads split 8 ways
+    assert resolve("--tp 16 --nnodes 2", model="llama-3.1-70b", cluster="2x8xh100").valid  # replicated ×2
+    assert resolve("--tp 8", model="qwen3-next-80b-a3b").valid  # 2 KV heads replicated ×4
+    # 8 KV heads cannot be shared out over 6 ranks (and 64 query heads do not split 6 ways either)
+    assert {"heads_split"} <= set(rules(resolve("--tp 6", model="llama-3.1-70b", cluster="6xh100")))
+
+
+def test_kv_heads_that_neither_split_nor_replicate(write_config):
+    # 12 query heads over 6 ranks is fine; 4 KV heads over 6 ranks is neither a split nor a whole replication
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 768, "num_hidden_layers": 2, "num_attention_heads": 12,
+           "num_key_value_heads": 4, "intermediate_size": 1536, "vocab_size": 1000}
+    model = str(write_config(cfg))
+    assert rules(resolve("--tp 6", model=model, cluster="6xh100")) == ["kv_heads_split"]
+    assert resolve("--tp 4", model=model, cluster="4xh100").valid
+
+
+def test_tp_above_expert_count(write_config):
+    # DeepSeek-style MoE refuses more TP ranks than routed experts
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 2,
+           "num_attention_heads": 16, "vocab_size": 1000, "intermediate_size": 2048, "kv_lora_rank": 64,
+           "q_lora_rank": None, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+           "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 512}
+    model = str(write_config(cfg))
+    assert resolve("--tp 4", model=model, cluster="8xh100").valid
+    assert "tp_exceeds_experts" in rules(resolve("--tp 8", model=model))
+
+
+def test_fp8_block_alignment():
+    # DeepSeek-V3 FP8: the dense MLP (18432 = 144 × 128) splits over 16 but not over 32 ranks
+    assert resolve("--tp 16 --nnodes 2", model="deepseek-v3", cluster="2x8xh200").valid
+    setup = resolve("--tp 32 --nnodes 4 --moe-dense-tp-size 1", model="deepseek-v3", cluster="4x8xh200")
+    # moe_intermediate 2048 / 32 = 64: not a whole 128-wide block
+    assert "moe_tp_width" in rules(setup)
+    assert "weight_block_size_n" in setup.rejections[0].engine_error
+    assert "moe_tp_width" not in rules(resolve("--tp 32 --ep 32 --nnodes 4 --moe-dense-tp-size 1",
+                                               model="deepseek-v3", cluster="4x8xh200"))
+    # TP-split shared experts (2048 / 32 = 64) and dense MLP (18432 / 32 = 576) are not whole blocks either
+    wide = resolve("--tp 32 --ep 32 --nnodes 4", model="deepseek-v3", cluster="4x8xh200")
+    assert rules(wide) == ["partition_block"] and "shared experts: 2048 / 32" in wide.rejections[0].reason
+    dense = resolve("--tp 32 --ep 32 --nnodes 4 --moe-a2a-backend deepep", model="deepseek-v3", cluster="4x8xh200")
+    assert rules(dense) == ["partition_block"] and "dense MLP" in dense.rejections[0].reason
+    assert resolve("--tp 32 --ep 32 --nnodes 4 --moe-a2a-backend deepep --moe-dense-tp-size 1", model="deepseek-v3",
+                   cluster="4x8xh200").valid
+
+
+def test_multi_node_rules():
+    assert "multi_node_split" in rules(resolve("--tp 4 --nnodes 3", cluster="3x4xh100"))
+    assert "multi_node_replicas" in rules(resolve("--tp 8 --dp-size 2 --nnodes 2", model="llama-3.1-8b",
+                                                  cluster="2x8xh100"))
+
+
+def test_cuda_visible_devices_limits_the_gpus():
+    setup = resolve("--tp 8", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert "not_enough_gpus" in rules(setup) and setup.gpus_available == 4
+
+
+def test_unknown_and_ambiguous_flags_are_the_parsers_errors():
+    setup = resolve("--tp 8 --no-such-flag 3")
+    assert rules(setup) == ["arguments"] and "unrecognized arguments" in setup.rejections[0].engine_error
+    # 0.5.20+ has both --cuda-graph-max-bs-decode and -prefill: the old flag is an ambiguous prefix
+    setup = resolve("--tp 8 --cuda-graph-max-bs 64")
+    assert rules(setup) == ["arguments"] and "ambiguous option" in setup.rejections[0].engine_error
+    older = resolve("--tp 8 --cuda-graph-max-bs 64", version="0.5.9")
+    assert older.valid and older.flags["cuda_graph_max_bs"] == 64
+
+
+def test_attention_dp_spellings_by_version():
+    new = resolve("--tp 8 --attn-dp-size 8")
+    old = resolve("--tp 8 --dp-size 8 --enable-dp-attention")
+    assert new.layout == old.layout and new.layout.attn_dp == 8 and new.layout.replicas == 1
+    assert any(n.kind == "deprecated" for n in old.notes)
+    assert rules(resolve("--tp 8 --attn-dp-size 8", version="0.5.21")) == ["arguments"]  # flag added in 0.5.22
+    legacy = resolve("--tp 8 --dp-size 8 --enable-dp-attention", version="0.5.21")
+    assert legacy.layout.attn_dp == 8 and not any(n.kind == "deprecated" for n in legacy.notes)
+
+
+def test_silent_rewrites_are_shown():
+    deepep = resolve("--tp 8 --ep 2 --moe-a2a-backend deepep --deepep-mode normal")
+    assert deepep.flags["ep_size"] == 8 and not deepep.flags["cuda_graph"]
+    messages = " ".join(n.message for n in deepep.notes)
+    assert "sets ep 2 to the tensor parallel size 8" in messages and "turns CUDA graphs off" in messages
+    assert deepep.layout.moe_comm == "all2all" and deepep.layout.shared_tp == 1
+    dp = resolve("--tp 8 --attn-dp-size 8")
+    assert dp.flags["chunked_prefill_size"] == 8192 // 8  # 96 GB tier default, divided per rank
+    eagle = resolve("--tp 8 --speculative-algorithm NEXTN", model="deepseek-v3", cluster="8xh200")
+    assert eagle.flags["speculative_algorithm"] == "EAGLE" and eagle.flags["max_running_requests"] == 48
+
+
+def test_gpu_tier_defaults():
+    # 96 GB RTX PRO 6000 (97,887 MiB): the < 160 GiB tier, tp ≥ 4 → decode graphs up to 512, chunk 8192
+    f = resolve("--tp 8").flags
+    assert f["cuda_graph_max_bs"] == 512 and f["chunked_prefill_size"] == 8192
+    assert resolve("--tp 2 --dp-size 4", model="llama-3.1-8b").flags["cuda_graph_max_bs"] == 256
+    assert resolve("--tp 8", cluster="8xb200").flags["chunked_prefill_size"] == 16384
+    assert resolve("--tp 4", model="llama-3.1-8b", cluster="4x4090").flags["cuda_graph_max_bs"] == 160
