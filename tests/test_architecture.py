@@ -19,3 +19,10 @@ def test_layers_import_only_downwards():
     lint = Path(sys.executable).with_name("lint-imports")
     result = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_code_passes_the_linter_and_is_formatted():
+    ruff = Path(sys.executable).with_name("ruff")
+    for args in (["check", "src", "tests", "benchmarks"], ["format", "--check", "src", "tests", "benchmarks"]):
+        result = subprocess.run([str(ruff), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -11,7 +11,8 @@ from rich.text import Text
 
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.engines.base import engine_names, get_engine
-from shardwise.engines.check import check_command, layouts as list_layouts, model_reference
+from shardwise.engines.check import check_command, model_reference
+from shardwise.engines.check import layouts as list_layouts
 from shardwise.errors import ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
@@ -47,15 +48,18 @@ def models(json: JsonFlag = False) -> None:
         model = load_model(alias)
         rows.append((entry, model, weight_ledger(model)))
     if json:
-        typer.echo(report_json.dumps([report_json.model_payload(m, ledger, e) | {"components": None}
-                                      for e, m, ledger in rows]))
+        typer.echo(
+            report_json.dumps([report_json.model_payload(m, ledger, e) | {"components": None} for e, m, ledger in rows])
+        )
     else:
         report_table.print_renderable(report_table.models_table(rows))
 
 
 @app.command()
-def gpus(name: Annotated[Optional[str], typer.Argument(help="One GPU by name or alias; all when omitted.")] = None,
-         json: JsonFlag = False) -> None:
+def gpus(
+    name: Annotated[str | None, typer.Argument(help="One GPU by name or alias; all when omitted.")] = None,
+    json: JsonFlag = False,
+) -> None:
     """List the GPU catalog: memory, bandwidth (spec and measured), dense tensor FLOP/s, links."""
     chosen = [load_gpu(name)] if name else list(all_gpus().values())
     if json:
@@ -66,11 +70,14 @@ def gpus(name: Annotated[Optional[str], typer.Argument(help="One GPU by name or 
 
 @app.command()
 def inspect(
-    model: Annotated[str, typer.Argument(help="Bundled name, path to config.json (or its folder), or Hub id.")]
-    = DEFAULT_MODEL,
-    weight_dtype: Annotated[Optional[str], typer.Option(
-        help="What-if weight format: 'fp8', 'nvfp4', 'bf16', or per group 'experts=int4,attention=fp8'.")] = None,
-    kv_dtype: Annotated[Optional[str], typer.Option(help="What-if KV-cache dtype: bf16, fp8.")] = None,
+    model: Annotated[
+        str, typer.Argument(help="Bundled name, path to config.json (or its folder), or Hub id.")
+    ] = DEFAULT_MODEL,
+    weight_dtype: Annotated[
+        str | None,
+        typer.Option(help="What-if weight format: 'fp8', 'nvfp4', 'bf16', or per group 'experts=int4,attention=fp8'."),
+    ] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="What-if KV-cache dtype: bf16, fp8.")] = None,
     json: JsonFlag = False,
 ) -> None:
     """Parameters, bytes and format of every component of a model, and its KV-cache bytes per token."""
@@ -97,10 +104,12 @@ def _cluster_costs(cluster: ClusterSpec, sizes: list[float]) -> list[CollectiveC
 
 @app.command()
 def cluster(
-    spec: Annotated[str, typer.Argument(help="Short form (8xrtx-pro-6000, 2x8xh100) or a cluster YAML file.")]
-    = DEFAULT_CLUSTER,
-    sizes: Annotated[str, typer.Option(help="Message sizes for the collective table, comma-separated.")]
-    = "16 KiB,1 MiB,64 MiB",
+    spec: Annotated[
+        str, typer.Argument(help="Short form (8xrtx-pro-6000, 2x8xh100) or a cluster YAML file.")
+    ] = DEFAULT_CLUSTER,
+    sizes: Annotated[
+        str, typer.Option(help="Message sizes for the collective table, comma-separated.")
+    ] = "16 KiB,1 MiB,64 MiB",
     json: JsonFlag = False,
 ) -> None:
     """Describe a cluster and what its collectives cost (measured where measured, α–β elsewhere)."""
@@ -114,28 +123,34 @@ def cluster(
 
 
 GpusOption = Annotated[str, typer.Option("--gpus", help="Cluster: 8xrtx-pro-6000, 2x8xh100, or a cluster YAML file.")]
-VersionOption = Annotated[Optional[str], typer.Option("--engine-version", help="Engine release; default: the latest known.")]
+VersionOption = Annotated[
+    str | None, typer.Option("--engine-version", help="Engine release; default: the latest known.")
+]
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def check(
     ctx: typer.Context,
-    model: Annotated[Optional[str], typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")]
-    = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
+    ] = None,
     gpus: GpusOption = DEFAULT_CLUSTER,
     engine_version: VersionOption = None,
     json: JsonFlag = False,
 ) -> None:
     """Will this launch command start, and how? Give the command after --. Exit 1 if the engine would refuse it."""
     if not ctx.args:
-        raise SpecError("give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
-                        "--model-path moonshotai/Kimi-K2.6 --tp 8")
+        raise SpecError(
+            "give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
+            "--model-path moonshotai/Kimi-K2.6 --tp 8"
+        )
     checked = check_command(ctx.args, cluster=load_cluster(gpus), model=model, version=engine_version)
     setup = checked.setup
     launch = None
     if setup.valid:
-        launch = get_engine(setup.engine).launch_command(setup, model_ref=model_reference(checked.model_ref),
-                                                         remote_code=checked.model.remote_code)
+        launch = get_engine(setup.engine).launch_command(
+            setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
+        )
     if json:
         typer.echo(report_json.dumps(report_setups.check_payload(setup, checked.model, launch)))
     else:
@@ -159,8 +174,15 @@ def layouts(
     for name in engines:
         found = list_layouts(model, cluster_spec, engine=name, version=None if framework == "all" else engine_version)
         spec = spec or (load_model(model) if found else None)
-        rows = [(s, get_engine(name).launch_command(s, model_ref=model_reference(model),
-                                                    remote_code=bool(spec and spec.remote_code))) for s in found]
+        rows = [
+            (
+                s,
+                get_engine(name).launch_command(
+                    s, model_ref=model_reference(model), remote_code=bool(spec and spec.remote_code)
+                ),
+            )
+            for s in found
+        ]
         if json:
             typer.echo(report_json.dumps(report_setups.layouts_payload(rows, spec) if spec else []))
         else:

@@ -76,8 +76,11 @@ def _units_of(dimension: Dimension) -> list[str]:
 
 def format_bytes(value_bytes: float, *, binary: bool = False) -> str:
     """Bytes for people: decimal units (checkpoints, GB sold) or binary ones (message sizes, GiB visible)."""
-    steps = (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10)) if binary else (
-        ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
+    steps = (
+        (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10))
+        if binary
+        else (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
+    )
     for prefix, factor in steps:
         if abs(value_bytes) >= factor:
             number = value_bytes / factor

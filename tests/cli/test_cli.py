@@ -70,14 +70,17 @@ def shardwise(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "shardwise", *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["inspect", "no-such-model"], "unknown model"),
-    (["inspect", "kimi-k2.6", "--weight-dtype", "fp3"], "unknown weight format"),
-    (["gpus", "h1000"], "unknown GPU"),
-    (["cluster", "8xwarp-drive"], "unknown GPU"),
-    (["cluster", "eight h100s"], "cannot read cluster"),
-    (["cluster", "--sizes", "big"], "cannot read"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "no-such-model"], "unknown model"),
+        (["inspect", "kimi-k2.6", "--weight-dtype", "fp3"], "unknown weight format"),
+        (["gpus", "h1000"], "unknown GPU"),
+        (["cluster", "8xwarp-drive"], "unknown GPU"),
+        (["cluster", "eight h100s"], "cannot read cluster"),
+        (["cluster", "--sizes", "big"], "cannot read"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_no_traceback(args, message):
     result = shardwise(*args)
     assert result.returncode == 2

@@ -41,8 +41,10 @@ def test_between_and_beyond_points(pcie_box):
 
 
 def test_reduce_scatter_uses_all_gather_curve(pcie_box):
-    assert collective_cost(pcie_box, RS, size_bytes=MiB, gpus=8).time_s == collective_cost(
-        pcie_box, AG, size_bytes=MiB, gpus=8).time_s
+    assert (
+        collective_cost(pcie_box, RS, size_bytes=MiB, gpus=8).time_s
+        == collective_cost(pcie_box, AG, size_bytes=MiB, gpus=8).time_s
+    )
 
 
 def test_unmeasured_group_uses_box_latency_and_link_bandwidth(pcie_box):

@@ -5,11 +5,24 @@ import pytest
 from shardwise.hardware.load import collective_tables, gpus, links, sources
 from shardwise.hardware.profile import Fact, Quantity
 
-DIMENSIONS = {"memory": "bytes", "memory_visible": "bytes", "mem_bandwidth": "bytes_per_s",
-              "mem_bandwidth_measured": "bytes_per_s", "tdp": "W", "l2_cache": "bytes", "sm_count": "count",
-              "bandwidth": "bytes_per_s", "bandwidth_measured": "bytes_per_s", "cross_numa_bandwidth": "bytes_per_s",
-              "collective_busbw": "bytes_per_s", "latency": "s", "collective_step_latency": "s",
-              "p2p_off_latency": "s", "tensor_dense": "flop_per_s", "gemm_measured": "flop_per_s"}
+DIMENSIONS = {
+    "memory": "bytes",
+    "memory_visible": "bytes",
+    "mem_bandwidth": "bytes_per_s",
+    "mem_bandwidth_measured": "bytes_per_s",
+    "tdp": "W",
+    "l2_cache": "bytes",
+    "sm_count": "count",
+    "bandwidth": "bytes_per_s",
+    "bandwidth_measured": "bytes_per_s",
+    "cross_numa_bandwidth": "bytes_per_s",
+    "collective_busbw": "bytes_per_s",
+    "latency": "s",
+    "collective_step_latency": "s",
+    "p2p_off_latency": "s",
+    "tensor_dense": "flop_per_s",
+    "gemm_measured": "flop_per_s",
+}
 
 
 def _figures(profile):
@@ -38,9 +51,25 @@ def test_every_figure_has_a_listed_source_and_a_sound_unit(where, field, figure)
 
 
 def test_catalog_covers_the_required_gpus():
-    required = {"rtx-pro-6000-workstation", "rtx-pro-6000-server", "h100-sxm", "h100-pcie", "h200-sxm", "b200",
-                "b300", "gb200", "a100-sxm", "a100-pcie", "l40s", "l4", "rtx-4090", "rtx-5090", "mi300x", "mi325x",
-                "mi355x"}
+    required = {
+        "rtx-pro-6000-workstation",
+        "rtx-pro-6000-server",
+        "h100-sxm",
+        "h100-pcie",
+        "h200-sxm",
+        "b200",
+        "b300",
+        "gb200",
+        "a100-sxm",
+        "a100-pcie",
+        "l40s",
+        "l4",
+        "rtx-4090",
+        "rtx-5090",
+        "mi300x",
+        "mi325x",
+        "mi355x",
+    }
     assert required <= set(gpus())
 
 

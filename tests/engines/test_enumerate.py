@@ -27,13 +27,16 @@ def test_no_duplicates(kimi_sglang):
     assert len(structures) == len(set(structures))
 
 
-@pytest.mark.parametrize("engine, model, cluster", [
-    ("sglang", "kimi-k2.6", "8xrtx-pro-6000"),
-    ("vllm", "kimi-k2.6", "8xrtx-pro-6000"),
-    ("sglang", "deepseek-v3", "2x8xh200"),
-    ("vllm", "llama-3.1-70b", "8xh100"),
-    ("sglang", "gpt-oss-120b", "4xh100"),
-])
+@pytest.mark.parametrize(
+    "engine, model, cluster",
+    [
+        ("sglang", "kimi-k2.6", "8xrtx-pro-6000"),
+        ("vllm", "kimi-k2.6", "8xrtx-pro-6000"),
+        ("sglang", "deepseek-v3", "2x8xh200"),
+        ("vllm", "llama-3.1-70b", "8xh100"),
+        ("sglang", "gpt-oss-120b", "4xh100"),
+    ],
+)
 def test_every_layout_is_valid_and_round_trips(engine, model, cluster):
     eng, box, spec = get_engine(engine), load_cluster(cluster), load_model(model)
     found = eng.enumerate(spec, box)

@@ -26,8 +26,17 @@ def test_pipeline_and_replica_groups():
 
 def test_vllm_dp_outside_pp():
     # vLLM orders ranks DP × PP × TP: dp 2, pp 2, tp 2 → stage 0 of DP rank 1 is GPUs 4, 5
-    lay = Layout(engine="vllm", version="0.33.0", pp=2, stage_gpus=4, attn_dp=2, dense_tp=2, shared_tp=2,
-                 lm_head_tp=2, dp_outside_pp=True)
+    lay = Layout(
+        engine="vllm",
+        version="0.33.0",
+        pp=2,
+        stage_gpus=4,
+        attn_dp=2,
+        dense_tp=2,
+        shared_tp=2,
+        lm_head_tp=2,
+        dp_outside_pp=True,
+    )
     g = groups(lay)
     assert g["stage"] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert g["attn_tp"] == [[0, 1], [4, 5], [2, 3], [6, 7]]

@@ -9,35 +9,74 @@ SGLANG = get_engine("sglang")
 
 
 def resolve(flags: str, *, model="kimi-k2.6", cluster="8xrtx-pro-6000", version=None, env=None):
-    return SGLANG.resolve(flags.split(), model=load_model(model), cluster=load_cluster(cluster), version=version,
-                          env=env)
+    return SGLANG.resolve(
+        flags.split(), model=load_model(model), cluster=load_cluster(cluster), version=version, env=env
+    )
 
 
 def rules(setup):
     return [r.rule for r in setup.rejections]
 
 
-@pytest.mark.parametrize("ok, bad, rule", [
-    ("--tp 8 --attn-dp-size 4", "--tp 8 --attn-dp-size 3", "attn_dp_divides_tp"),
-    ("--tp 8 --ep 8", "--tp 4 --ep 8", "moe_tp_zero"),
-    # 384 experts + redundant slots must split evenly over EP 8
-    ("--tp 8 --ep 8 --ep-num-redundant-experts 8", "--tp 8 --ep 8 --ep-num-redundant-experts 3", "experts_split_evenly"),
-    ("--tp 8 --dp-size 1 --attn-dp-size 8", "--tp 4 --dp-size 2 --attn-dp-size 2", "replicas_with_attn_dp"),
-    ("--tp 8 --attn-dp-size 8", "--tp 8 --attn-dp-size 8 --attn-cp-size 2", "attn_cp_divides_tp"),
-    ("--tp 8 --moe-dense-tp-size 1", "--tp 8 --moe-dense-tp-size 2", "moe_dense_tp"),
-    ("--tp 8 --dcp-size 8", "--tp 4 --dcp-size 8", "dcp_divides_tp"),
-    ("--tp 8 --ep 8 --enable-eplb", "--tp 8 --enable-eplb", "eplb_needs_ep"),
-    ("--tp 8 --attn-dp-size 8 --enable-two-batch-overlap", "--tp 8 --enable-two-batch-overlap", "tbo_needs_a2a"),
-    ("--tp 8 --attn-dp-size 8 --enable-dp-lm-head", "--tp 8 --enable-dp-lm-head", "dp_lm_head_needs_attn_dp"),
-    ("--tp 8 --chunked-prefill-size 8192 --page-size 64", "--tp 8 --chunked-prefill-size 8100 --page-size 64",
-     "chunk_page"),
-    ("--tp 8", "--tp 16", "not_enough_gpus"),
-    ("--tp 8 --pp-size 1 --speculative-algorithm EAGLE3 --speculative-draft-model-path d",
-     "--tp 4 --pp-size 2 --speculative-algorithm EAGLE3 --speculative-draft-model-path d", "pp_with_spec"),
-    ("--tp 8 --speculative-algorithm EAGLE3 --speculative-draft-model-path some/draft",
-     "--tp 8 --speculative-algorithm EAGLE3", "mtp_needs_draft"),
-    ("--tp 8 --moe-dp-size 2 --ep 4", "--tp 8 --moe-dp-size 2 --ep 2", "moe_dp"),
-])
+@pytest.mark.parametrize(
+    "ok, bad, rule",
+    [
+        ("--tp 8 --attn-dp-size 4", "--tp 8 --attn-dp-size 3", "attn_dp_divides_tp"),
+        ("--tp 8 --ep 8", "--tp 4 --ep 8", "moe_tp_zero"),
+        # 384 experts + redundant slots must split evenly over EP 8
+        (
+            "--tp 8 --ep 8 --ep-num-redundant-experts 8",
+            "--tp 8 --ep 8 --ep-num-redundant-experts 3",
+            "experts_split_evenly",
+        ),
+        ("--tp 8 --dp-size 1 --attn-dp-size 8", "--tp 4 --dp-size 2 --attn-dp-size 2", "replicas_with_attn_dp"),
+        ("--tp 8 --attn-dp-size 8", "--tp 8 --attn-dp-size 8 --attn-cp-size 2", "attn_cp_divides_tp"),
+        ("--tp 8 --moe-dense-tp-size 1", "--tp 8 --moe-dense-tp-size 2", "moe_dense_tp"),
+        ("--tp 8 --dcp-size 8", "--tp 4 --dcp-size 8", "dcp_divides_tp"),
+        ("--tp 8 --ep 8 --enable-eplb", "--tp 8 --enable-eplb", "eplb_needs_ep"),
+        ("--tp 8 --attn-dp-size 8 --enable-two-batch-overlap", "--tp 8 --enable-two-batch-overlap", "tbo_needs_a2a"),
+        ("--tp 8 --attn-dp-size 8 --enable-dp-lm-head", "--tp 8 --enable-dp-lm-head", "dp_lm_head_needs_attn_dp"),
+        (
+            "--tp 8 --chunked-prefill-size 8192 --page-size 64",
+            "--tp 8 --chunked-prefill-size 8100 --page-size 64",
+            "chunk_page",
+        ),
+        ("--tp 8", "--tp 16", "not_enough_gpus"),
+        (
+            "--tp 8 --pp-size 1 --speculative-algorithm EAGLE3 --speculative-draft-model-path d",
+            "--tp 4 --pp-size 2 --speculative-algorithm EAGLE3 --speculative-draft-model-path d",
+            "pp_with_spec",
+        ),
+        (
+            "--tp 8 --speculative-algorithm EAGLE3 --speculative-draft-model-path some/draft",
+            "--tp 8 --speculative-algorithm EAGLE3",
+            "mtp_needs_draft",
+        ),
+        ("--tp 8 --moe-dp-size 2 --ep 4", "--tp 8 --moe-dp-size 2 --ep 2", "moe_dp"),
+        ("--tp 8 --dcp-size 2", "--tp 8 --dcp-size 2 --enable-prefill-cp", "dcp_with_prefill_cp"),
+        (
+            "--tp 8 --ep 8 --moe-a2a-backend deepep --enable-two-batch-overlap",
+            "--tp 8 --ep 8 --moe-a2a-backend deepep_v2 --enable-two-batch-overlap",
+            "tbo_deepep_v2",
+        ),
+        (
+            "--tp 8 --attn-dp-size 8 --moe-a2a-backend flashinfer_megamoe",
+            "--tp 8 --moe-a2a-backend flashinfer_megamoe",
+            "megamoe_needs_full_dp",
+        ),
+        (
+            "--tp 8 --speculative-algorithm STANDALONE --speculative-draft-model-path d",
+            "--tp 8 --attn-dp-size 8 --speculative-algorithm STANDALONE --speculative-draft-model-path d",
+            "standalone_with_attn_dp",
+        ),
+        (
+            "--tp 8 --attn-dp-size 8 --enable-dp-lm-head --speculative-algorithm DFLASH"
+            " --speculative-draft-model-path d",
+            "--tp 8 --attn-dp-size 8 --speculative-algorithm DFLASH --speculative-draft-model-path d",
+            "dflash_needs_dp_lm_head",
+        ),
+    ],
+)
 def test_rule_both_sides(ok, bad, rule):
     assert resolve(ok).valid, rules(resolve(ok))
     assert rule in rules(resolve(bad))
@@ -71,8 +110,15 @@ def test_gqa_kv_heads_replicate_or_split():
 
 def test_kv_heads_that_neither_split_nor_replicate(write_config):
     # 12 query heads over 6 ranks is fine; 4 KV heads over 6 ranks is neither a split nor a whole replication
-    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 768, "num_hidden_layers": 2, "num_attention_heads": 12,
-           "num_key_value_heads": 4, "intermediate_size": 1536, "vocab_size": 1000}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 768,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "intermediate_size": 1536,
+        "vocab_size": 1000,
+    }
     model = str(write_config(cfg))
     assert rules(resolve("--tp 6", model=model, cluster="6xh100")) == ["kv_heads_split"]
     assert resolve("--tp 4", model=model, cluster="4xh100").valid
@@ -80,10 +126,22 @@ def test_kv_heads_that_neither_split_nor_replicate(write_config):
 
 def test_tp_above_expert_count(write_config):
     # DeepSeek-style MoE refuses more TP ranks than routed experts
-    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 2,
-           "num_attention_heads": 16, "vocab_size": 1000, "intermediate_size": 2048, "kv_lora_rank": 64,
-           "q_lora_rank": None, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-           "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 512}
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "hidden_size": 1024,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 16,
+        "vocab_size": 1000,
+        "intermediate_size": 2048,
+        "kv_lora_rank": 64,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 512,
+    }
     model = str(write_config(cfg))
     assert resolve("--tp 4", model=model, cluster="8xh100").valid
     assert "tp_exceeds_experts" in rules(resolve("--tp 8", model=model))
@@ -96,21 +154,28 @@ def test_fp8_block_alignment():
     # moe_intermediate 2048 / 32 = 64: not a whole 128-wide block
     assert "moe_tp_width" in rules(setup)
     assert "weight_block_size_n" in setup.rejections[0].engine_error
-    assert "moe_tp_width" not in rules(resolve("--tp 32 --ep 32 --nnodes 4 --moe-dense-tp-size 1",
-                                               model="deepseek-v3", cluster="4x8xh200"))
+    assert "moe_tp_width" not in rules(
+        resolve("--tp 32 --ep 32 --nnodes 4 --moe-dense-tp-size 1", model="deepseek-v3", cluster="4x8xh200")
+    )
     # TP-split shared experts (2048 / 32 = 64) and dense MLP (18432 / 32 = 576) are not whole blocks either
     wide = resolve("--tp 32 --ep 32 --nnodes 4", model="deepseek-v3", cluster="4x8xh200")
     assert rules(wide) == ["partition_block"] and "shared experts: 2048 / 32" in wide.rejections[0].reason
     dense = resolve("--tp 32 --ep 32 --nnodes 4 --moe-a2a-backend deepep", model="deepseek-v3", cluster="4x8xh200")
     assert rules(dense) == ["partition_block"] and "dense MLP" in dense.rejections[0].reason
-    assert resolve("--tp 32 --ep 32 --nnodes 4 --moe-a2a-backend deepep --moe-dense-tp-size 1", model="deepseek-v3",
-                   cluster="4x8xh200").valid
+    assert resolve(
+        "--tp 32 --ep 32 --nnodes 4 --moe-a2a-backend deepep --moe-dense-tp-size 1",
+        model="deepseek-v3",
+        cluster="4x8xh200",
+    ).valid
 
 
 def test_multi_node_rules():
+    assert resolve("--tp 4 --pp-size 3 --nnodes 3", model="llama-3.1-70b", cluster="3x4xh100").valid
     assert "multi_node_split" in rules(resolve("--tp 4 --nnodes 3", cluster="3x4xh100"))
-    assert "multi_node_replicas" in rules(resolve("--tp 8 --dp-size 2 --nnodes 2", model="llama-3.1-8b",
-                                                  cluster="2x8xh100"))
+    assert resolve("--tp 8 --dp-size 2", model="llama-3.1-8b", cluster="16xh100").valid
+    assert "multi_node_replicas" in rules(
+        resolve("--tp 8 --dp-size 2 --nnodes 2", model="llama-3.1-8b", cluster="2x8xh100")
+    )
 
 
 def test_cuda_visible_devices_limits_the_gpus():

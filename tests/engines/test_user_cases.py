@@ -13,12 +13,15 @@ def box():
     return load_cluster("8xrtx-pro-6000")
 
 
-@pytest.mark.parametrize("flags, description, gpus", [
-    ("--tp 8", "TP8", 8),
-    ("--pp-size 8", "PP8", 8),  # tp 1 per stage, 8 stages
-    ("--tp-size 8 --ep-size 8", "TP8 EP8", 8),
-    ("--tp 8 --ep 8", "TP8 EP8", 8),  # --tp by argparse prefix, --ep a real alias
-])
+@pytest.mark.parametrize(
+    "flags, description, gpus",
+    [
+        ("--tp 8", "TP8", 8),
+        ("--pp-size 8", "PP8", 8),  # tp 1 per stage, 8 stages
+        ("--tp-size 8 --ep-size 8", "TP8 EP8", 8),
+        ("--tp 8 --ep 8", "TP8 EP8", 8),  # --tp by argparse prefix, --ep a real alias
+    ],
+)
 def test_setups_that_ran(box, flags, description, gpus):
     checked = check_command(LAUNCH + flags, cluster=box)
     assert checked.model.name == "kimi-k2.6"  # found from --model-path

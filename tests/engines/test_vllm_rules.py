@@ -17,13 +17,16 @@ def rules(setup):
     return [r.rule for r in setup.rejections]
 
 
-@pytest.mark.parametrize("flags, ep, moe_tp, attn_tp, attn_dp", [
-    ("-tp 8 --enable-expert-parallel", 8, 1, 8, 1),
-    ("-tp 2 -dp 4 -ep", 8, 1, 2, 4),
-    ("-dp 8 -ep", 8, 1, 1, 8),
-    ("-tp 4 -dp 2", 1, 8, 4, 2),  # no EP: experts tensor-sliced over tp × dp
-    ("-tp 8", 1, 8, 8, 1),
-])
+@pytest.mark.parametrize(
+    "flags, ep, moe_tp, attn_tp, attn_dp",
+    [
+        ("-tp 8 --enable-expert-parallel", 8, 1, 8, 1),
+        ("-tp 2 -dp 4 -ep", 8, 1, 2, 4),
+        ("-dp 8 -ep", 8, 1, 1, 8),
+        ("-tp 4 -dp 2", 1, 8, 4, 2),  # no EP: experts tensor-sliced over tp × dp
+        ("-tp 8", 1, 8, 8, 1),
+    ],
+)
 def test_expert_parallel_is_tp_times_dp(flags, ep, moe_tp, attn_tp, attn_dp):
     layout = resolve(flags).layout
     assert (layout.moe_ep, layout.moe_tp, layout.attn_tp, layout.attn_dp) == (ep, moe_tp, attn_tp, attn_dp)
@@ -39,8 +42,9 @@ def test_heads_divisible_by_tp():
     assert resolve("-tp 4").valid
     setup = resolve("-tp 3")
     assert "heads_divisible" in rules(setup)
-    assert setup.rejections[0].engine_error == ("ValueError: Total number of attention heads (64) must be divisible "
-                                                "by tensor parallel size (3).")
+    assert setup.rejections[0].engine_error == (
+        "ValueError: Total number of attention heads (64) must be divisible by tensor parallel size (3)."
+    )
 
 
 def test_ep_is_a_switch_not_a_size():
@@ -62,7 +66,29 @@ def test_underscored_flags_and_switch_negations():
 
 
 def test_ep_needs_experts():
+    assert resolve("-tp 8 -ep", model="mixtral-8x7b").valid
     assert "ep_needs_moe" in rules(resolve("-tp 8 -ep", model="llama-3.1-70b"))
+
+
+def test_kv_heads_and_gpu_count():
+    assert resolve("-tp 8", model="llama-3.1-70b").valid
+    assert "not_enough_gpus" in rules(resolve("-tp 8 -dp 2"))
+    assert "not_enough_gpus" in rules(resolve("-tp 8", env={"CUDA_VISIBLE_DEVICES": "0,1"}))
+
+
+def test_kv_heads_that_neither_split_nor_replicate(write_config):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 768,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "intermediate_size": 1536,
+        "vocab_size": 1000,
+    }
+    model = str(write_config(cfg))
+    assert rules(resolve("-tp 6", model=model, cluster="6xh100")) == ["kv_heads_split"]
+    assert resolve("-tp 4", model=model, cluster="4xh100").valid
 
 
 def test_fp8_block_slices_without_ep():
@@ -102,8 +128,9 @@ def test_defaults_by_gpu_size():
 
 def test_model_found_from_the_command_and_the_api_server_launcher():
     box = load_cluster("8xrtx-pro-6000")
-    checked = check_command("python -m vllm.entrypoints.openai.api_server --model moonshotai/Kimi-K2.6 -tp 8",
-                            cluster=box)
+    checked = check_command(
+        "python -m vllm.entrypoints.openai.api_server --model moonshotai/Kimi-K2.6 -tp 8", cluster=box
+    )
     assert checked.model.name == "kimi-k2.6" and checked.setup.valid
     served = check_command("vllm serve Qwen/Qwen3-235B-A22B -tp 8 -ep", cluster=load_cluster("8xh200"))
     assert served.model.name == "qwen3-235b-a22b" and served.setup.layout.moe_ep == 8

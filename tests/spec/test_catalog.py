@@ -6,9 +6,25 @@ import pytest
 from shardwise import catalog, load_model
 from shardwise.errors import SpecError
 
-REQUIRED_ALIASES = {"kimi-k2.6", "kimi-k2.5", "kimi-k2-thinking", "kimi-k2-instruct", "deepseek-v3", "deepseek-r1",
-                    "qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "llama-3.1-8b", "llama-3.1-70b",
-                    "llama-3.1-405b", "mixtral-8x7b", "gpt-oss-120b", "gpt-oss-20b", "glm-4.5", "minimax-m2"}
+REQUIRED_ALIASES = {
+    "kimi-k2.6",
+    "kimi-k2.5",
+    "kimi-k2-thinking",
+    "kimi-k2-instruct",
+    "deepseek-v3",
+    "deepseek-r1",
+    "qwen3-235b-a22b",
+    "qwen3-30b-a3b",
+    "qwen3-next-80b-a3b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "mixtral-8x7b",
+    "gpt-oss-120b",
+    "gpt-oss-20b",
+    "glm-4.5",
+    "minimax-m2",
+}
 
 
 def test_catalog_has_every_required_model_and_each_loads():
@@ -25,8 +41,16 @@ def test_no_bundled_model_falls_back_to_the_generic_reader():
 
 
 def test_hub_id_is_fetched_through_huggingface_hub(monkeypatch, write_config):
-    path = write_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})
+    path = write_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+        }
+    )
     calls = []
 
     def fake_download(*, repo_id, filename):

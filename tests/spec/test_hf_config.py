@@ -5,8 +5,15 @@ import pytest
 from shardwise import load_model, weight_ledger
 from shardwise.errors import SpecError
 
-LLAMA_LIKE = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100}
+LLAMA_LIKE = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+}
 
 
 def test_path_to_file_and_folder(write_config):
@@ -18,8 +25,7 @@ def test_path_to_file_and_folder(write_config):
 
 
 def test_unknown_architecture_with_standard_fields_is_generic(write_config):
-    cfg = {**LLAMA_LIKE, "architectures": ["FancyNewForCausalLM"], "num_local_experts": 4,
-           "num_experts_per_tok": 2}
+    cfg = {**LLAMA_LIKE, "architectures": ["FancyNewForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2}
     model = load_model(str(write_config(cfg)))
     assert model.generic and model.family == "generic"
     assert model.moe is not None and model.moe.num_experts == 4 and model.num_moe_layers == 2
@@ -31,11 +37,14 @@ def test_missing_fields_are_named(write_config):
         load_model(str(write_config(cfg)))
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "JSON object"),
-    ('{"architectures": ["LlamaForCausalLM"]}', "lacks"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"architectures": ["LlamaForCausalLM"]}', "lacks"),
+    ],
+)
 def test_malformed_files(write_config, content, message):
     with pytest.raises(SpecError, match=message):
         load_model(str(write_config(content)))
@@ -74,11 +83,25 @@ def test_layer_kinds_from_fields(write_config):
 
 
 def test_deepseek_dense_prefix_and_moe_frequency(write_config):
-    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 6,
-           "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128, "kv_lora_rank": 16,
-           "q_lora_rank": None, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
-           "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
-           "first_k_dense_replace": 2, "moe_layer_freq": 2}
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+        "intermediate_size": 128,
+        "kv_lora_rank": 16,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 2,
+        "moe_layer_freq": 2,
+    }
     model = load_model(str(write_config(cfg)))
     assert model.layer_mlp == ("dense", "dense", "moe", "dense", "moe", "dense")
     assert weight_ledger(model).component("attn.q").params == 6 * 4 * 12 * 64  # no q_lora: one q_proj
@@ -87,9 +110,16 @@ def test_deepseek_dense_prefix_and_moe_frequency(write_config):
 
 def test_mistral_sliding_window_caps_every_layer(write_config):
     # Mistral-7B-v0.1: every layer attends over a 4096-token window
-    cfg = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
-           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
-           "sliding_window": 4096}
+    cfg = {
+        "architectures": ["MistralForCausalLM"],
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "sliding_window": 4096,
+    }
     model = load_model(str(write_config(cfg)))
     assert model.family == "mistral" and set(model.layer_attention) == {"sliding"}
     per_token = 32 * 2 * 8 * 128 * 2  # 131,072 B while the context is inside the window
@@ -100,10 +130,19 @@ def test_mistral_sliding_window_caps_every_layer(write_config):
 
 
 def test_qwen2_moe_shared_expert_gate_and_qkv_bias(write_config):
-    cfg = {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 100,
-           "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-           "shared_expert_intermediate_size": 32}
+    cfg = {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 32,
+    }
     ledger = weight_ledger(load_model(str(write_config(cfg))))
     # shared expert: 3 × 64 × 32 plus its 1 × 64 sigmoid gate, per layer
     assert ledger.component("shared_experts").params == 2 * (3 * 64 * 32 + 64)

@@ -33,23 +33,30 @@ def test_bits_per_weight():
 
 KIMI_INT4 = {
     "quant_method": "compressed-tensors",
-    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
-                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                              "group_size": 32}}},
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "input_activations": None,
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32},
+        }
+    },
     "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
 }
 
 
-@pytest.mark.parametrize("module, role, quantized", [
-    ("model.layers.1.mlp.experts.0.gate_proj", "routed_experts", True),
-    ("model.layers.1.mlp.experts.0.down_proj", "routed_experts", True),
-    ("model.layers.0.mlp.gate_proj", "dense_mlp", False),  # the dense layer-0 MLP stays BF16
-    ("model.layers.5.mlp.shared_experts.up_proj", "shared_experts", False),
-    ("model.layers.5.self_attn.q_a_proj", "attention", False),
-    ("lm_head", "lm_head", False),
-    ("language_model.lm_head", "lm_head", False),
-    ("model.layers.5.mlp.gate", "router", False),  # MoEGate is not a Linear
-])
+@pytest.mark.parametrize(
+    "module, role, quantized",
+    [
+        ("model.layers.1.mlp.experts.0.gate_proj", "routed_experts", True),
+        ("model.layers.1.mlp.experts.0.down_proj", "routed_experts", True),
+        ("model.layers.0.mlp.gate_proj", "dense_mlp", False),  # the dense layer-0 MLP stays BF16
+        ("model.layers.5.mlp.shared_experts.up_proj", "shared_experts", False),
+        ("model.layers.5.self_attn.q_a_proj", "attention", False),
+        ("lm_head", "lm_head", False),
+        ("language_model.lm_head", "lm_head", False),
+        ("model.layers.5.mlp.gate", "router", False),  # MoEGate is not a Linear
+    ],
+)
 def test_compressed_tensors_ignore_list(module, role, quantized):
     scheme = scheme_from_config(KIMI_INT4)
     fmt = scheme.format_for(module=module, role=role, dense=BF16)
@@ -59,8 +66,13 @@ def test_compressed_tensors_ignore_list(module, role, quantized):
 
 def test_fp8_name_list_matches_whole_dotted_parts():
     # MiniMax-M2 lists 'gate': it must hit block_sparse_moe.gate, not an expert's w1 or a gate_proj
-    scheme = scheme_from_config({"quant_method": "fp8", "weight_block_size": [128, 128],
-                                 "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]})
+    scheme = scheme_from_config(
+        {
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"],
+        }
+    )
     assert scheme.format_for(module="model.layers.0.block_sparse_moe.gate", role="routed_experts", dense=BF16) is BF16
     assert scheme.format_for(module="model.layers.0.mlp.gate_proj", role="dense_mlp", dense=BF16).name == "fp8-block"
     assert scheme.format_for(module="lm_head", role="lm_head", dense=BF16) is BF16
@@ -79,10 +91,21 @@ def test_modelopt_nvfp4_glob_and_fp8_kv():
 
 
 def test_mxfp4_modules_to_not_convert():
-    scheme = scheme_from_config({"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})
-    assert scheme.format_for(module="model.layers.3.mlp.experts.gate_up_proj", role="routed_experts",
-                             dense=BF16).name == "mxfp4"
+    scheme = scheme_from_config(
+        {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+        }
+    )
+    assert (
+        scheme.format_for(module="model.layers.3.mlp.experts.gate_up_proj", role="routed_experts", dense=BF16).name
+        == "mxfp4"
+    )
     assert scheme.format_for(module="model.layers.3.self_attn.q_proj", role="attention", dense=BF16) is BF16
 
 
@@ -95,12 +118,15 @@ def test_awq_and_gptq_group_formats():
     assert gptq.quantized.name == "int8-g64" and gptq.quantized.zero_point_bits == 0
 
 
-@pytest.mark.parametrize("bad", [
-    {"quant_method": "bitsandbytes"},
-    {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"},
-    {"quant_method": "compressed-tensors"},
-    "fp8",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"quant_method": "bitsandbytes"},
+        {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"},
+        {"quant_method": "compressed-tensors"},
+        "fp8",
+    ],
+)
 def test_unsupported_quantization_is_a_clear_error(bad):
     with pytest.raises(SpecError):
         scheme_from_config(bad)

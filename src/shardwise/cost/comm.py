@@ -32,6 +32,7 @@ class CollectiveCost:
     latency_s: float  # α part (alpha-beta) or the measured time at the smallest size
     bandwidth_bytes_per_s: float  # effective per-GPU bus bandwidth at this size
 
+
 def _group(cluster: ClusterSpec, gpus: Sequence[int] | int) -> list[int]:
     group = list(range(gpus)) if isinstance(gpus, int) else list(gpus)
     if not group or len(set(group)) != len(group) or min(group) < 0 or max(group) >= cluster.num_gpus:
@@ -39,21 +40,32 @@ def _group(cluster: ClusterSpec, gpus: Sequence[int] | int) -> list[int]:
     return group
 
 
-def collective_cost(cluster: ClusterSpec, op: Collective, *, size_bytes: float, gpus: Sequence[int] | int,
-                    impl: str = "nccl") -> CollectiveCost:
+def collective_cost(
+    cluster: ClusterSpec, op: Collective, *, size_bytes: float, gpus: Sequence[int] | int, impl: str = "nccl"
+) -> CollectiveCost:
     """Time of one collective of `size_bytes` (nccl-tests convention) over the GPU group `gpus`
     (ids, or a count meaning GPUs 0..n−1)."""
     group = _group(cluster, gpus)
     n = len(group)
     if n == 1:
-        return CollectiveCost(op=op, impl=impl, n_gpus=1, size_bytes=size_bytes, time_s=0.0, method="none",
-                              source="single GPU", latency_s=0.0, bandwidth_bytes_per_s=float("inf"))
+        return CollectiveCost(
+            op=op,
+            impl=impl,
+            n_gpus=1,
+            size_bytes=size_bytes,
+            time_s=0.0,
+            method="none",
+            source="single GPU",
+            latency_s=0.0,
+            bandwidth_bytes_per_s=float("inf"),
+        )
     measured = _measured(cluster, op, size_bytes, group, impl)
     return measured or _alpha_beta(cluster, op, size_bytes, group)
 
 
-def _measured(cluster: ClusterSpec, op: Collective, size_bytes: float, group: list[int],
-              impl: str) -> CollectiveCost | None:
+def _measured(
+    cluster: ClusterSpec, op: Collective, size_bytes: float, group: list[int], impl: str
+) -> CollectiveCost | None:
     tables = cluster.collectives
     if tables is None or len({cluster.node_of(g) for g in group}) > 1:
         return None
@@ -67,9 +79,17 @@ def _measured(cluster: ClusterSpec, op: Collective, size_bytes: float, group: li
     time_s = curve.time_s(size_bytes, latency_floor_s=alpha)
     factor = bus_factor(op, n)
     source = f"{tables.name}: {curve.op.value} {curve.impl} x{n} ({curve.source or tables.source})"
-    return CollectiveCost(op=op, impl=curve.impl, n_gpus=n, size_bytes=size_bytes, time_s=time_s, method="measured",
-                          source=source, latency_s=curve.time_s(0, latency_floor_s=alpha),
-                          bandwidth_bytes_per_s=size_bytes * factor / time_s if time_s else float("inf"))
+    return CollectiveCost(
+        op=op,
+        impl=curve.impl,
+        n_gpus=n,
+        size_bytes=size_bytes,
+        time_s=time_s,
+        method="measured",
+        source=source,
+        latency_s=curve.time_s(0, latency_floor_s=alpha),
+        bandwidth_bytes_per_s=size_bytes * factor / time_s if time_s else float("inf"),
+    )
 
 
 def _box_latency_s(cluster: ClusterSpec, group: list[int]) -> float | None:
@@ -115,5 +135,14 @@ def _alpha_beta(cluster: ClusterSpec, op: Collective, size_bytes: float, group: 
         links += f", latency measured on {n} GPUs of {cluster.collectives.name}"  # type: ignore[union-attr]
     time_s = alpha + size_bytes * bus_factor(op, n) / beta
     effective = size_bytes * bus_factor(op, n) / time_s if time_s else float("inf")
-    return CollectiveCost(op=op, impl="nccl", n_gpus=n, size_bytes=size_bytes, time_s=time_s, method="alpha-beta",
-                          source=f"ring α–β over {links}", latency_s=alpha, bandwidth_bytes_per_s=effective)
+    return CollectiveCost(
+        op=op,
+        impl="nccl",
+        n_gpus=n,
+        size_bytes=size_bytes,
+        time_s=time_s,
+        method="alpha-beta",
+        source=f"ring α–β over {links}",
+        latency_s=alpha,
+        bandwidth_bytes_per_s=effective,
+    )

@@ -13,16 +13,13 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
+from shardwise.frozen import Frozen
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Rejection(Frozen):
@@ -81,8 +78,15 @@ class Engine(Protocol):
     supports_attention_dp: ClassVar[bool]
     kv_budget: ClassVar[str]  # "of_total" (SGLang mem_fraction_static, vLLM gpu_memory_utilization)
 
-    def resolve(self, argv: list[str], *, model: ModelSpec, cluster: ClusterSpec, version: str | None = None,
-                env: dict[str, str] | None = None) -> Setup: ...
+    def resolve(
+        self,
+        argv: list[str],
+        *,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        version: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Setup: ...
 
     def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]: ...
 

@@ -34,8 +34,9 @@ def _model_for(ref: str) -> ModelSpec:
     return load_model(entry.alias if entry else ref)
 
 
-def check_command(command: list[str] | str, *, cluster: ClusterSpec, model: str | None = None,
-                  version: str | None = None) -> Checked:
+def check_command(
+    command: list[str] | str, *, cluster: ClusterSpec, model: str | None = None, version: str | None = None
+) -> Checked:
     """Classify a launch command as the engine would: the effective setup, its rewrites and its refusals."""
     engine_name, env, argv = split_command(command)
     model_ref = model or _model_in_command(engine_name, argv, version) or DEFAULT_MODEL

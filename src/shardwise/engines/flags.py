@@ -15,16 +15,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from shardwise.errors import SpecError
+from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 
 _TYPES = {"int": int, "float": float, "str": str}
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Spelling(Frozen):
@@ -34,7 +31,8 @@ class Spelling(Frozen):
 
     def exists_in(self, version: Version) -> bool:
         return (self.since is None or version >= Version(self.since)) and (
-            self.until is None or version <= Version(self.until))
+            self.until is None or version <= Version(self.until)
+        )
 
 
 class Option(Frozen):
@@ -71,7 +69,8 @@ class FlagTable(Frozen):
     memory_tiers: tuple[dict[str, Any], ...] = ()
     underscores_to_dashes: bool = Field(False, description="the parser rewrites --opt_name to --opt-name first")
     positional_model_launchers: tuple[tuple[str, ...], ...] = Field(
-        (), description="launchers that take the model as first positional and rewrite it to model_flag")
+        (), description="launchers that take the model as first positional and rewrite it to model_flag"
+    )
     model_flag: str = "--model-path"
 
 
@@ -85,8 +84,9 @@ def parse_version(text: str, engine: str) -> Version:
     try:
         return Version(text)
     except InvalidVersion as exc:
-        raise SpecError(f"{engine} version {text!r} is not a version number; write e.g. "
-                        f"{flag_table(engine).default_version}") from exc
+        raise SpecError(
+            f"{engine} version {text!r} is not a version number; write e.g. {flag_table(engine).default_version}"
+        ) from exc
 
 
 class EngineArgError(Exception):
@@ -112,8 +112,9 @@ def _parser(table: FlagTable, version: Version) -> _Parser:
                 parser.add_argument(*option.off_flags, dest=name, action="store_false", default=None)
         else:
             kind = _TYPES.get(option.type, str)
-            parser.add_argument(*spellings, dest=name, type=kind, default=None,
-                                choices=list(option.choices) if option.choices else None)
+            parser.add_argument(
+                *spellings, dest=name, type=kind, default=None, choices=list(option.choices) if option.choices else None
+            )
     for i, other in enumerate(table.other_flags):
         if other.takes == "flag":
             parser.add_argument(*other.flags, dest=f"_other{i}", action="store_true", default=None)
@@ -155,13 +156,15 @@ def split_command(command: list[str] | str) -> tuple[str, dict[str, str], list[s
         table = flag_table(engine)
         for launcher in table.launchers:
             if _starts_with(tokens, launcher):
-                rest = tokens[len(launcher):]
+                rest = tokens[len(launcher) :]
                 if launcher in table.positional_model_launchers and rest and not rest[0].startswith("-"):
                     rest = [table.model_flag, rest[0], *rest[1:]]
                 return engine, env, rest
     shown = " ".join(tokens[:3]) or "(nothing)"
-    raise SpecError(f"not a launch command shardwise knows: {shown!r}; expected 'python -m sglang.launch_server …', "
-                    "'sglang serve …', 'vllm serve MODEL …' or 'python -m vllm.entrypoints.openai.api_server …'")
+    raise SpecError(
+        f"not a launch command shardwise knows: {shown!r}; expected 'python -m sglang.launch_server …', "
+        "'sglang serve …', 'vllm serve MODEL …' or 'python -m vllm.entrypoints.openai.api_server …'"
+    )
 
 
 def _starts_with(tokens: list[str], launcher: tuple[str, ...]) -> bool:
@@ -169,7 +172,7 @@ def _starts_with(tokens: list[str], launcher: tuple[str, ...]) -> bool:
         return False
     first = Path(tokens[0]).name
     python = launcher[0] == "python" and (first == "python" or first.startswith("python3"))
-    return (python or first == launcher[0]) and tokens[1:len(launcher)] == list(launcher[1:])
+    return (python or first == launcher[0]) and tokens[1 : len(launcher)] == list(launcher[1:])
 
 
 def render_command(table: FlagTable, version: Version, *, model_ref: str, values: dict[str, Any]) -> list[str]:

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import Field, computed_field
 
+from shardwise.frozen import Frozen
 from shardwise.hardware.collectives import Collective
 from shardwise.spec.model import ModelSpec
 
 MoeComm = Literal["allreduce", "all2all", "allgather_reducescatter"]
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class SpecDecode(Frozen):
@@ -66,8 +63,11 @@ class Layout(Frozen):
     shared_tp: int = Field(ge=1, description="TP width of shared experts (1 = replicated)")
     lm_head_tp: int = Field(ge=1, description="vocab-parallel width of embeddings and lm_head")
     redundant_experts: int = Field(0, ge=0, description="extra physical expert slots (EPLB)")
-    moe_comm: MoeComm = Field("allreduce", description="how MoE tokens and outputs move: all-reduce of partial "
-                              "sums, all-to-all dispatch/combine, or all-gather + reduce-scatter")
+    moe_comm: MoeComm = Field(
+        "allreduce",
+        description="how MoE tokens and outputs move: all-reduce of partial "
+        "sums, all-to-all dispatch/combine, or all-gather + reduce-scatter",
+    )
     a2a_backend: str = "none"
     dp_outside_pp: bool = Field(False, description="rank order: vLLM puts DP outside PP, SGLang PP outside TP")
     options: EngineOptions = EngineOptions()
@@ -89,8 +89,20 @@ class Layout(Frozen):
 
     def structure(self) -> tuple[int, ...]:
         """The numbers that decide placement and traffic, for telling layouts apart."""
-        return (self.replicas, self.pp, self.stage_gpus, self.attn_dp, self.attn_cp, self.dcp, self.moe_dp,
-                self.moe_ep, self.dense_tp, self.shared_tp, self.lm_head_tp, self.redundant_experts)
+        return (
+            self.replicas,
+            self.pp,
+            self.stage_gpus,
+            self.attn_dp,
+            self.attn_cp,
+            self.dcp,
+            self.moe_dp,
+            self.moe_ep,
+            self.dense_tp,
+            self.shared_tp,
+            self.lm_head_tp,
+            self.redundant_experts,
+        )
 
     def describe(self) -> str:
         """Short engine-neutral name: 'TP8', 'TP8 EP8', 'DP8 EP8' (attention DP), 'TP8 EP4×TP2', 'PP8', '2× TP4'."""
@@ -107,6 +119,7 @@ class Layout(Frozen):
 
 
 # --- which GPUs form each group ---------------------------------------------------------------------
+
 
 def _gpu(layout: Layout, *, replica: int, stage: int, local: int) -> int:
     """Global GPU id of stage-local rank `local` of pipeline stage `stage` of copy `replica`."""
@@ -126,16 +139,17 @@ def groups(layout: Layout) -> dict[str, list[list[int]]]:
         for s in range(layout.pp):
             gpu = [_gpu(layout, replica=r, stage=s, local=i) for i in range(n)]
             out["stage"].append(gpu)
-            out["attn_tp"] += [gpu[i:i + a_tp] for i in range(0, n, a_tp)]
-            out["moe_tp"] += [gpu[i:i + m_tp] for i in range(0, n, m_tp)]
+            out["attn_tp"] += [gpu[i : i + a_tp] for i in range(0, n, a_tp)]
+            out["moe_tp"] += [gpu[i : i + m_tp] for i in range(0, n, m_tp)]
             block = layout.moe_ep * m_tp  # one MoE-DP block; EP ranks stride by moe_tp inside it
-            out["moe_ep"] += [gpu[b + t:b + block:m_tp] for b in range(0, n, block) for t in range(m_tp)]
+            out["moe_ep"] += [gpu[b + t : b + block : m_tp] for b in range(0, n, block) for t in range(m_tp)]
         if layout.pp > 1:
             out["pp"] += [[_gpu(layout, replica=r, stage=s, local=i) for s in range(layout.pp)] for i in range(n)]
     return out
 
 
 # --- how each component is split --------------------------------------------------------------------
+
 
 class Split(Frozen):
     component: str
@@ -147,35 +161,73 @@ class Split(Frozen):
 def splits(layout: Layout, model: ModelSpec) -> list[Split]:
     """How each component is divided across the GPUs of one pipeline stage."""
     mla = model.attention.kind == "mla"
-    attn = [Split(component="attention heads (q, k/v up-projections, o)", ways=layout.attn_tp, group="attn_tp",
-                  how="heads split over attention TP; copied in each attention-DP group")]
+    attn = [
+        Split(
+            component="attention heads (q, k/v up-projections, o)",
+            ways=layout.attn_tp,
+            group="attn_tp",
+            how="heads split over attention TP; copied in each attention-DP group",
+        )
+    ]
     if mla:
-        attn.append(Split(component="MLA down-projections (q_a, kv_a)", ways=1, group="stage",
-                          how="replicated: every GPU computes the shared latent"))
-        kv = Split(component="KV cache", ways=layout.dcp, group="attn_tp",
-                   how="MLA latent replicated on each attention-TP rank" + (
-                       f", interleaved over {layout.dcp} DCP ranks" if layout.dcp > 1 else ""))
+        attn.append(
+            Split(
+                component="MLA down-projections (q_a, kv_a)",
+                ways=1,
+                group="stage",
+                how="replicated: every GPU computes the shared latent",
+            )
+        )
+        kv = Split(
+            component="KV cache",
+            ways=layout.dcp,
+            group="attn_tp",
+            how="MLA latent replicated on each attention-TP rank"
+            + (f", interleaved over {layout.dcp} DCP ranks" if layout.dcp > 1 else ""),
+        )
     else:
         kv_ways = min(layout.attn_tp, model.attention.num_kv_heads) * layout.dcp
         kv = Split(component="KV cache", ways=kv_ways, group="attn_tp", how="KV heads split over attention TP")
-    parts = [*attn, kv,
-             Split(component="embeddings and lm_head", ways=layout.lm_head_tp, group="stage", how="vocab-parallel")]
+    parts = [
+        *attn,
+        kv,
+        Split(component="embeddings and lm_head", ways=layout.lm_head_tp, group="stage", how="vocab-parallel"),
+    ]
     if model.layer_mlp.count("dense"):
-        parts.append(Split(component="dense MLP", ways=layout.dense_tp, group="stage",
-                           how="intermediate dim split" if layout.dense_tp > 1 else "replicated"))
+        parts.append(
+            Split(
+                component="dense MLP",
+                ways=layout.dense_tp,
+                group="stage",
+                how="intermediate dim split" if layout.dense_tp > 1 else "replicated",
+            )
+        )
     if model.moe:
-        parts.append(Split(component="routed experts", ways=layout.moe_ep * layout.moe_tp, group="moe_ep × moe_tp",
-                           how=f"{model.moe.num_experts + layout.redundant_experts} expert slots over {layout.moe_ep} "
-                               f"EP ranks, each expert's width over {layout.moe_tp} MoE-TP ranks"))
+        parts.append(
+            Split(
+                component="routed experts",
+                ways=layout.moe_ep * layout.moe_tp,
+                group="moe_ep × moe_tp",
+                how=f"{model.moe.num_experts + layout.redundant_experts} expert slots over {layout.moe_ep} "
+                f"EP ranks, each expert's width over {layout.moe_tp} MoE-TP ranks",
+            )
+        )
         if model.moe.num_shared_experts:
-            parts.append(Split(component="shared experts", ways=layout.shared_tp, group="stage",
-                               how="intermediate dim split" if layout.shared_tp > 1 else "replicated"))
+            parts.append(
+                Split(
+                    component="shared experts",
+                    ways=layout.shared_tp,
+                    group="stage",
+                    how="intermediate dim split" if layout.shared_tp > 1 else "replicated",
+                )
+            )
     if layout.pp > 1:
         parts.append(Split(component="decoder layers", ways=layout.pp, group="pp", how="contiguous layer ranges"))
     return parts
 
 
 # --- which collective runs where --------------------------------------------------------------------
+
 
 class CommStep(Frozen):
     """One collective in a forward step: where, over which group, how often, and its bytes per token."""
@@ -194,38 +246,120 @@ def comm_steps(layout: Layout, model: ModelSpec) -> list[CommStep]:
     h2 = model.hidden_size * 2  # activations travel in BF16
     steps: list[CommStep] = []
     if layout.attn_tp > 1:
-        steps.append(CommStep(where="attention output (o_proj)", op=Collective.ALL_REDUCE, group="attn_tp",
-                              group_size=layout.attn_tp, per="layer", bytes_per_token=h2))
+        steps.append(
+            CommStep(
+                where="attention output (o_proj)",
+                op=Collective.ALL_REDUCE,
+                group="attn_tp",
+                group_size=layout.attn_tp,
+                per="layer",
+                bytes_per_token=h2,
+            )
+        )
     moe_width = layout.moe_ep * layout.moe_tp
     if layout.attn_dp > 1 and layout.moe_comm != "all2all":
         # an MLP split wider than attention sees the tokens of every attention-DP group: gather, then scatter back
-        for per, split in (("moe_layer", model.moe is not None and moe_width > 1),
-                           ("dense_layer", bool(model.layer_mlp.count("dense")) and layout.dense_tp > 1)):
+        for per, split in (
+            ("moe_layer", model.moe is not None and moe_width > 1),
+            ("dense_layer", bool(model.layer_mlp.count("dense")) and layout.dense_tp > 1),
+        ):
             if split:
-                steps.append(CommStep(where="gather attention-DP tokens before the MLP", op=Collective.ALL_GATHER,
-                                      group="stage", group_size=layout.stage_gpus, per=per, bytes_per_token=h2))
-                steps.append(CommStep(where="reduce-scatter MLP output to attention-DP ranks",
-                                      op=Collective.REDUCE_SCATTER, group="stage", group_size=layout.stage_gpus,
-                                      per=per, bytes_per_token=h2))
+                steps.append(
+                    CommStep(
+                        where="gather attention-DP tokens before the MLP",
+                        op=Collective.ALL_GATHER,
+                        group="stage",
+                        group_size=layout.stage_gpus,
+                        per=per,
+                        bytes_per_token=h2,
+                    )
+                )
+                steps.append(
+                    CommStep(
+                        where="reduce-scatter MLP output to attention-DP ranks",
+                        op=Collective.REDUCE_SCATTER,
+                        group="stage",
+                        group_size=layout.stage_gpus,
+                        per=per,
+                        bytes_per_token=h2,
+                    )
+                )
     if model.moe and moe_width > 1:
         if layout.moe_comm == "all2all":
             top_k = model.moe.top_k
-            steps.append(CommStep(where="MoE dispatch", op=Collective.ALL_TO_ALL, group="moe_ep",
-                                  group_size=layout.moe_ep, per="moe_layer", bytes_per_token=h2 * top_k))
-            steps.append(CommStep(where="MoE combine", op=Collective.ALL_TO_ALL, group="moe_ep",
-                                  group_size=layout.moe_ep, per="moe_layer", bytes_per_token=h2 * top_k))
+            steps.append(
+                CommStep(
+                    where="MoE dispatch",
+                    op=Collective.ALL_TO_ALL,
+                    group="moe_ep",
+                    group_size=layout.moe_ep,
+                    per="moe_layer",
+                    bytes_per_token=h2 * top_k,
+                )
+            )
+            steps.append(
+                CommStep(
+                    where="MoE combine",
+                    op=Collective.ALL_TO_ALL,
+                    group="moe_ep",
+                    group_size=layout.moe_ep,
+                    per="moe_layer",
+                    bytes_per_token=h2 * top_k,
+                )
+            )
         elif layout.attn_dp == 1:
-            steps.append(CommStep(where="MoE output (partial sums over EP and MoE-TP)", op=Collective.ALL_REDUCE,
-                                  group="stage", group_size=moe_width, per="moe_layer", bytes_per_token=h2))
+            steps.append(
+                CommStep(
+                    where="MoE output (partial sums over EP and MoE-TP)",
+                    op=Collective.ALL_REDUCE,
+                    group="stage",
+                    group_size=moe_width,
+                    per="moe_layer",
+                    bytes_per_token=h2,
+                )
+            )
     if model.layer_mlp.count("dense") and layout.dense_tp > 1 and layout.attn_dp == 1:
-        steps.append(CommStep(where="dense MLP output", op=Collective.ALL_REDUCE, group="stage",
-                              group_size=layout.dense_tp, per="dense_layer", bytes_per_token=h2))
+        steps.append(
+            CommStep(
+                where="dense MLP output",
+                op=Collective.ALL_REDUCE,
+                group="stage",
+                group_size=layout.dense_tp,
+                per="dense_layer",
+                bytes_per_token=h2,
+            )
+        )
     if layout.lm_head_tp > 1:
-        steps.append(CommStep(where="embedding lookup (vocab-parallel)", op=Collective.ALL_REDUCE, group="stage",
-                              group_size=layout.lm_head_tp, per="step", bytes_per_token=h2))
-        steps.append(CommStep(where="logits (vocab-parallel lm_head)", op=Collective.ALL_GATHER, group="stage",
-                              group_size=layout.lm_head_tp, per="step", bytes_per_token=model.vocab_size * 2))
+        steps.append(
+            CommStep(
+                where="embedding lookup (vocab-parallel)",
+                op=Collective.ALL_REDUCE,
+                group="stage",
+                group_size=layout.lm_head_tp,
+                per="step",
+                bytes_per_token=h2,
+            )
+        )
+        steps.append(
+            CommStep(
+                where="logits (vocab-parallel lm_head)",
+                op=Collective.ALL_GATHER,
+                group="stage",
+                group_size=layout.lm_head_tp,
+                per="step",
+                bytes_per_token=model.vocab_size * 2,
+            )
+        )
     if layout.pp > 1:
-        steps.append(CommStep(where="activations to the next stage", op=Collective.SEND_RECV, group="pp",
-                              group_size=2, per="stage_boundary", count=layout.pp - 1, bytes_per_token=h2))
+        steps.append(
+            CommStep(
+                where="activations to the next stage",
+                op=Collective.SEND_RECV,
+                group="pp",
+                group_size=2,
+                per="stage_boundary",
+                count=layout.pp - 1,
+                bytes_per_token=h2,
+            )
+        )
     return steps

@@ -48,22 +48,37 @@ def _attention_dp(f: dict[str, Any], version: Version) -> list[Note]:
     n = f["dp_size"]
     f["attn_dp_size"], f["dp_size"] = n, 1
     deprecated = version >= V0522
-    return [Note(kind="deprecated" if deprecated else "rewrite",
-                 message=f"--dp-size {n} --enable-dp-attention means attention DP {n} inside tp, not {n} replicas"
-                 + ("; the spelling is deprecated, use --attn-dp-size" if deprecated else ""),
-                 source=f"sglang {version} arg_groups/parallel_hook.py handle_deprecated_dp_attention")]
+    return [
+        Note(
+            kind="deprecated" if deprecated else "rewrite",
+            message=f"--dp-size {n} --enable-dp-attention means attention DP {n} inside tp, not {n} replicas"
+            + ("; the spelling is deprecated, use --attn-dp-size" if deprecated else ""),
+            source=f"sglang {version} arg_groups/parallel_hook.py handle_deprecated_dp_attention",
+        )
+    ]
 
 
 def _moe_backend(f: dict[str, Any], version: Version) -> list[Note]:
     notes = []
     if f["moe_a2a_backend"] in A2A_EP_SPANNING and f["ep_size"] != f["tp_size"]:
-        notes.append(Note(kind="rewrite", message=f"--moe-a2a-backend {f['moe_a2a_backend']} sets ep {f['ep_size']} "
-                          f"to the tensor parallel size {f['tp_size']}", source=f"sglang {version} _a2a_ep_size"))
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"--moe-a2a-backend {f['moe_a2a_backend']} sets ep {f['ep_size']} "
+                f"to the tensor parallel size {f['tp_size']}",
+                source=f"sglang {version} _a2a_ep_size",
+            )
+        )
         f["ep_size"] = f["tp_size"]
     if f.get("enable_eplb"):
         algorithm = "dynamic" if f["moe_a2a_backend"] == "none" else "static"
-        notes.append(Note(kind="rewrite", message=f"--enable-eplb records expert statistics and dispatches with the "
-                          f"'{algorithm}' algorithm", source=f"sglang {version} handle_eplb_and_dispatch"))
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"--enable-eplb records expert statistics and dispatches with the '{algorithm}' algorithm",
+                source=f"sglang {version} handle_eplb_and_dispatch",
+            )
+        )
     return notes
 
 
@@ -72,8 +87,13 @@ def _cuda_graph(f: dict[str, Any], tier: dict[str, Any], version: Version) -> li
     on = not (f.pop("disable_cuda_graph", False) or f.pop("cuda_graph_backend_decode", None) == "disabled")
     if on and f["moe_a2a_backend"].startswith("deepep") and f["deepep_mode"] == "normal":
         on = False
-        notes.append(Note(kind="rewrite", message="--deepep-mode normal turns CUDA graphs off",
-                          source=f"sglang {version} handle_a2a_moe"))
+        notes.append(
+            Note(
+                kind="rewrite",
+                message="--deepep-mode normal turns CUDA graphs off",
+                source=f"sglang {version} handle_a2a_moe",
+            )
+        )
     f["cuda_graph"] = on
     if on and f.get("cuda_graph_max_bs") is None:
         f["cuda_graph_max_bs"] = tier["cuda_graph_max_bs"][0 if f["tp_size"] < 4 else 1]
@@ -88,12 +108,22 @@ def _scheduling(f: dict[str, Any], tier: dict[str, Any], version: Version) -> li
         f["chunked_prefill_size"] = tier["chunked_prefill_size"]
     if f["attn_dp_size"] > 1:
         f["chunked_prefill_size"] //= f["attn_dp_size"]
-        notes.append(Note(kind="rewrite", message=f"attention DP divides the chunked-prefill size by "
-                          f"{f['attn_dp_size']}, to {f['chunked_prefill_size']} tokens per rank",
-                          source=f"sglang {version} handle_data_parallelism"))
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"attention DP divides the chunked-prefill size by "
+                f"{f['attn_dp_size']}, to {f['chunked_prefill_size']} tokens per rank",
+                source=f"sglang {version} handle_data_parallelism",
+            )
+        )
     if f["pp_size"] > 1:
-        notes.append(Note(kind="rewrite", message="pipeline parallelism turns the overlap scheduler off",
-                          source=f"sglang {version} _pipeline_parallel_overlap_disable"))
+        notes.append(
+            Note(
+                kind="rewrite",
+                message="pipeline parallelism turns the overlap scheduler off",
+                source=f"sglang {version} _pipeline_parallel_overlap_disable",
+            )
+        )
     return notes
 
 
@@ -105,25 +135,40 @@ def _speculative(f: dict[str, Any], version: Version) -> list[Note]:
         notes.append(Note(kind="rewrite", message="NEXTN is an alias of EAGLE", source=f"sglang {version} spec_info"))
     if algorithm in EAGLE_FAMILY and f.get("max_running_requests") is None:
         f["max_running_requests"] = 48
-        notes.append(Note(kind="rewrite", message="EAGLE-family speculative decoding caps max running requests at "
-                          "48 when unset", source=f"sglang {version} _handle_eagle_family"))
+        notes.append(
+            Note(
+                kind="rewrite",
+                message="EAGLE-family speculative decoding caps max running requests at 48 when unset",
+                source=f"sglang {version} _handle_eagle_family",
+            )
+        )
     if algorithm in EAGLE_FAMILY and f.get("speculative_eagle_topk") == 1 and f.get("speculative_num_steps"):
         f["speculative_num_draft_tokens"] = f["speculative_num_steps"] + 1
     if algorithm == "DFLASH":
-        f.update(speculative_num_steps=1, speculative_eagle_topk=1,
-                 speculative_num_draft_tokens=f.get("speculative_dflash_block_size"))
+        f.update(
+            speculative_num_steps=1,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=f.get("speculative_dflash_block_size"),
+        )
     return notes
 
 
-def effective_flags(given: dict[str, Any], *, version: Version, cluster: ClusterSpec) -> tuple[dict[str, Any], list[Note]]:
+def effective_flags(
+    given: dict[str, Any], *, version: Version, cluster: ClusterSpec
+) -> tuple[dict[str, Any], list[Note]]:
     """The configuration SGLang runs: defaults filled in and its silent rewrites applied, each with a note."""
     table = flag_table("sglang")
     f = {name: option.default for name, option in table.options.items() if option.default is not None}
     f.update(given)
     f.setdefault("attn_dp_size", 1)
     tier = memory_tier(table.memory_tiers, cluster, version)
-    notes = [*_attention_dp(f, version), *_moe_backend(f, version), *_cuda_graph(f, tier, version),
-             *_scheduling(f, tier, version), *_speculative(f, version)]
+    notes = [
+        *_attention_dp(f, version),
+        *_moe_backend(f, version),
+        *_cuda_graph(f, tier, version),
+        *_scheduling(f, tier, version),
+        *_speculative(f, version),
+    ]
     return f, notes
 
 
@@ -133,21 +178,44 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
     attn_tp = tp // f["attn_dp_size"] // f["attn_cp_size"]
     spec = None
     if f.get("speculative_algorithm"):
-        spec = SpecDecode(algorithm=f["speculative_algorithm"], num_steps=f.get("speculative_num_steps"),
-                          num_draft_tokens=f.get("speculative_num_draft_tokens"), topk=f.get("speculative_eagle_topk"),
-                          draft_model=f.get("speculative_draft_model_path"))
-    options = EngineOptions(cuda_graph=f["cuda_graph"], cuda_graph_max_bs=f.get("cuda_graph_max_bs"),
-                            two_batch_overlap=bool(f.get("enable_two_batch_overlap")), eplb=bool(f.get("enable_eplb")),
-                            kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
-                            chunked_prefill_tokens=f.get("chunked_prefill_size"),
-                            max_running_requests=f.get("max_running_requests"),
-                            memory_fraction=f.get("mem_fraction_static"), page_size=f["page_size"], spec=spec)
-    return Layout(engine="sglang", version=str(version), replicas=f["dp_size"], pp=f["pp_size"], stage_gpus=tp,
-                  attn_dp=f["attn_dp_size"], attn_cp=f["attn_cp_size"], dcp=f["dcp_size"], moe_dp=f["moe_dp_size"],
-                  moe_ep=f["ep_size"], dense_tp=1 if f.get("moe_dense_tp_size") == 1 else tp,
-                  shared_tp=1 if spanning else tp, lm_head_tp=attn_tp if f.get("enable_dp_lm_head") else tp,
-                  redundant_experts=f["ep_num_redundant_experts"], moe_comm="all2all" if spanning else "allreduce",
-                  a2a_backend=f["moe_a2a_backend"], options=options)
+        spec = SpecDecode(
+            algorithm=f["speculative_algorithm"],
+            num_steps=f.get("speculative_num_steps"),
+            num_draft_tokens=f.get("speculative_num_draft_tokens"),
+            topk=f.get("speculative_eagle_topk"),
+            draft_model=f.get("speculative_draft_model_path"),
+        )
+    options = EngineOptions(
+        cuda_graph=f["cuda_graph"],
+        cuda_graph_max_bs=f.get("cuda_graph_max_bs"),
+        two_batch_overlap=bool(f.get("enable_two_batch_overlap")),
+        eplb=bool(f.get("enable_eplb")),
+        kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
+        chunked_prefill_tokens=f.get("chunked_prefill_size"),
+        max_running_requests=f.get("max_running_requests"),
+        memory_fraction=f.get("mem_fraction_static"),
+        page_size=f["page_size"],
+        spec=spec,
+    )
+    return Layout(
+        engine="sglang",
+        version=str(version),
+        replicas=f["dp_size"],
+        pp=f["pp_size"],
+        stage_gpus=tp,
+        attn_dp=f["attn_dp_size"],
+        attn_cp=f["attn_cp_size"],
+        dcp=f["dcp_size"],
+        moe_dp=f["moe_dp_size"],
+        moe_ep=f["ep_size"],
+        dense_tp=1 if f.get("moe_dense_tp_size") == 1 else tp,
+        shared_tp=1 if spanning else tp,
+        lm_head_tp=attn_tp if f.get("enable_dp_lm_head") else tp,
+        redundant_experts=f["ep_num_redundant_experts"],
+        moe_comm="all2all" if spanning else "allreduce",
+        a2a_backend=f["moe_a2a_backend"],
+        options=options,
+    )
 
 
 @register_engine("sglang")
@@ -157,8 +225,15 @@ class SGLang:
     supports_attention_dp: ClassVar[bool] = True
     kv_budget: ClassVar[str] = "of_total"  # mem_fraction_static × the GPU's memory at start-up
 
-    def resolve(self, argv: list[str], *, model: ModelSpec, cluster: ClusterSpec, version: str | None = None,
-                env: dict[str, str] | None = None) -> Setup:
+    def resolve(
+        self,
+        argv: list[str],
+        *,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        version: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Setup:
         """Read SGLang flags (what follows `python -m sglang.launch_server`) the way SGLang will run them."""
         table = flag_table("sglang")
         v = parse_version(version or table.default_version, "sglang")
@@ -169,21 +244,47 @@ class SGLang:
         given.pop("model_path", None)
         return self.setup(given, model=model, cluster=cluster, version=v, env=env or {})
 
-    def setup(self, given: dict[str, Any], *, model: ModelSpec, cluster: ClusterSpec, version: Version,
-              env: dict[str, str] | None = None) -> Setup:
+    def setup(
+        self,
+        given: dict[str, Any],
+        *,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        version: Version,
+        env: dict[str, str] | None = None,
+    ) -> Setup:
         flags, notes = effective_flags(given, version=version, cluster=cluster)
         available = gpus_available(cluster, flags, env or {})
-        ctx = Context(flags=flags, model=model, cluster=cluster, version=version, gpus_available=available,
-                      blocks=block_shapes(model))
+        ctx = Context(
+            flags=flags,
+            model=model,
+            cluster=cluster,
+            version=version,
+            gpus_available=available,
+            blocks=block_shapes(model),
+        )
         rejections = tuple(run_rules(RULES, ctx))
         used = flags["dp_size"] * flags["tp_size"] * flags["pp_size"]
         if not rejections and used < available:
-            notes.append(Note(kind="warning", message=f"uses {used} of {available} GPUs (dp × tp × pp = "
-                              f"{flags['dp_size']} × {flags['tp_size']} × {flags['pp_size']}); EP and attention DP "
-                              "are carved out of tp and add no GPUs"))
-        return Setup(engine="sglang", version=str(version), given=given, flags=flags, notes=tuple(notes),
-                     rejections=rejections, layout=None if rejections else layout_of(flags, version),
-                     gpus_used=used, gpus_available=available)
+            notes.append(
+                Note(
+                    kind="warning",
+                    message=f"uses {used} of {available} GPUs (dp × tp × pp = "
+                    f"{flags['dp_size']} × {flags['tp_size']} × {flags['pp_size']}); EP and attention DP "
+                    "are carved out of tp and add no GPUs",
+                )
+            )
+        return Setup(
+            engine="sglang",
+            version=str(version),
+            given=given,
+            flags=flags,
+            notes=tuple(notes),
+            rejections=rejections,
+            layout=None if rejections else layout_of(flags, version),
+            gpus_used=used,
+            gpus_available=available,
+        )
 
     def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]:
         """Every valid layout on all of the cluster's GPUs, each effective layout once."""
@@ -209,11 +310,21 @@ class SGLang:
 
 
 def _argument_error(message: str, version: Version, cluster: ClusterSpec) -> Setup:
-    rejection = Rejection(rule="arguments", reason=f"SGLang's argument parser refuses the command: {message}",
-                          engine_error=f"launch_server.py: error: {message}",
-                          source=f"sglang {version} server_args.py (argparse, allow_abbrev on)")
-    return Setup(engine="sglang", version=str(version), given={}, flags={}, rejections=(rejection,), gpus_used=0,
-                 gpus_available=cluster.num_gpus)
+    rejection = Rejection(
+        rule="arguments",
+        reason=f"SGLang's argument parser refuses the command: {message}",
+        engine_error=f"launch_server.py: error: {message}",
+        source=f"sglang {version} server_args.py (argparse, allow_abbrev on)",
+    )
+    return Setup(
+        engine="sglang",
+        version=str(version),
+        given={},
+        flags={},
+        rejections=(rejection,),
+        gpus_used=0,
+        gpus_available=cluster.num_gpus,
+    )
 
 
 def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
@@ -231,9 +342,24 @@ def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
             for attn_dp, ep, dense in product(attn_dps, eps, denses):
                 dcps = divisors(tp // attn_dp) if model.attention.kind == "mla" else [1]
                 for dcp in dcps:
-                    given = {"tp_size": tp, "pp_size": pp, "dp_size": replicas, "attn_dp_size": attn_dp,
-                             "ep_size": ep, "moe_dense_tp_size": dense, "dcp_size": dcp, "nnodes": cluster.nodes}
-                    defaults = {"pp_size": 1, "dp_size": 1, "attn_dp_size": 1, "ep_size": 1, "dcp_size": 1,
-                                "nnodes": 1, "moe_dense_tp_size": None}
+                    given = {
+                        "tp_size": tp,
+                        "pp_size": pp,
+                        "dp_size": replicas,
+                        "attn_dp_size": attn_dp,
+                        "ep_size": ep,
+                        "moe_dense_tp_size": dense,
+                        "dcp_size": dcp,
+                        "nnodes": cluster.nodes,
+                    }
+                    defaults = {
+                        "pp_size": 1,
+                        "dp_size": 1,
+                        "attn_dp_size": 1,
+                        "ep_size": 1,
+                        "dcp_size": 1,
+                        "nnodes": 1,
+                        "moe_dense_tp_size": None,
+                    }
                     out.append({k: v for k, v in given.items() if defaults.get(k, object()) != v})
     return out

@@ -12,8 +12,20 @@ from packaging.version import Version
 from shardwise.engines.base import Context, Rejection, Rule
 
 V0523, V0520 = Version("0.5.23"), Version("0.5.20")
-A2A_EP_SPANNING = frozenset({"megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
-                             "flashinfer_megamoe", "mori", "pplx"})
+A2A_EP_SPANNING = frozenset(
+    {
+        "megamoe",
+        "deepep",
+        "deepep_v2",
+        "mooncake",
+        "nixl",
+        "ascend_fuseep",
+        "flashinfer",
+        "flashinfer_megamoe",
+        "mori",
+        "pplx",
+    }
+)
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
 
 
@@ -29,9 +41,12 @@ def attn_dp_divides_tp(ctx: Context) -> Rejection | None:
     f = ctx.flags
     if f["tp_size"] % f["attn_dp_size"] == 0:
         return None
-    return Rejection(rule="attn_dp_divides_tp", reason=f"attention DP {f['attn_dp_size']} does not divide tp {f['tp_size']}",
-                     engine_error="AssertionError: assert cfg.tp_size % cfg.attn_dp_size == 0",
-                     source=_src(ctx, "arg_groups/parallel_hook.py handle_data_parallelism"))
+    return Rejection(
+        rule="attn_dp_divides_tp",
+        reason=f"attention DP {f['attn_dp_size']} does not divide tp {f['tp_size']}",
+        engine_error="AssertionError: assert cfg.tp_size % cfg.attn_dp_size == 0",
+        source=_src(ctx, "arg_groups/parallel_hook.py handle_data_parallelism"),
+    )
 
 
 def attn_cp_divides_tp(ctx: Context) -> Rejection | None:
@@ -39,8 +54,12 @@ def attn_cp_divides_tp(ctx: Context) -> Rejection | None:
     cp, dp, tp = f["attn_cp_size"], f["attn_dp_size"], f["tp_size"]
     if cp == 1 or (tp % cp == 0 and tp % (dp * cp) == 0):
         return None
-    return Rejection(rule="attn_cp_divides_tp", reason=f"attention CP {cp} × attention DP {dp} does not divide tp {tp}",
-                     engine_error="AssertionError", source=_src(ctx, "arg_groups/parallel_hook.py"))
+    return Rejection(
+        rule="attn_cp_divides_tp",
+        reason=f"attention CP {cp} × attention DP {dp} does not divide tp {tp}",
+        engine_error="AssertionError",
+        source=_src(ctx, "arg_groups/parallel_hook.py"),
+    )
 
 
 def moe_tp_zero(ctx: Context) -> Rejection | None:
@@ -48,16 +67,23 @@ def moe_tp_zero(ctx: Context) -> Rejection | None:
     tp, ep, mdp = f["tp_size"], f["ep_size"], f["moe_dp_size"]
     if ep * mdp <= tp:
         return None
-    where = ("runtime_context.py derive_spawn_ranks (line 129)" if ctx.version >= V0520
-             else "entrypoints/engine.py launcher (moe_ep_rank)")
+    where = (
+        "runtime_context.py derive_spawn_ranks (line 129)"
+        if ctx.version >= V0520
+        else "entrypoints/engine.py launcher (moe_ep_rank)"
+    )
     fitting = [t for t in range(ep * mdp, ctx.gpus_available + 1, ep * mdp)]
-    advice = (f"; for EP {ep} use --tp-size {fitting[-1]} --ep-size {ep}" if fitting else "")
+    advice = f"; for EP {ep} use --tp-size {fitting[-1]} --ep-size {ep}" if fitting else ""
     return Rejection(
         rule="moe_tp_zero",
-        reason=(f"EP is carved out of tp: moe_tp_size = tp {tp} // ep {ep} // moe_dp {mdp} = {tp // ep // mdp}, "
-                f"which SGLang divides by at start-up; this command would also use only "
-                f"{f['dp_size'] * tp * f['pp_size']} GPUs (dp × tp × pp){advice}"),
-        engine_error="ZeroDivisionError: integer division or modulo by zero", source=_src(ctx, where))
+        reason=(
+            f"EP is carved out of tp: moe_tp_size = tp {tp} // ep {ep} // moe_dp {mdp} = {tp // ep // mdp}, "
+            f"which SGLang divides by at start-up; this command would also use only "
+            f"{f['dp_size'] * tp * f['pp_size']} GPUs (dp × tp × pp){advice}"
+        ),
+        engine_error="ZeroDivisionError: integer division or modulo by zero",
+        source=_src(ctx, where),
+    )
 
 
 def ep_divides_tp(ctx: Context) -> Rejection | None:
@@ -67,23 +93,36 @@ def ep_divides_tp(ctx: Context) -> Rejection | None:
         return None
     moe_tp = tp // ep // mdp
     if "routed_experts" in ctx.blocks:
-        return Rejection(rule="ep_divides_tp", reason=f"ep {ep} does not divide tp {tp}",
-                         engine_error=f"ValueError: tp_size {tp} must be divisible by ep_size {ep}",
-                         source=_src(ctx, "model_runner_components/moe_ep_setup.py check_quantized_moe_compatibility"))
-    return Rejection(rule="ep_divides_tp", reason=f"ep {ep} × moe_dp {mdp} does not divide tp {tp}",
-                     engine_error=("ValueError: parallel topology is inconsistent (set by publish): tp_size == "
-                                   f"moe_ep_size * moe_dp_size * moe_tp_size  {tp} != {ep} * {mdp} * {moe_tp}"),
-                     source=_src(ctx, "runtime_context.py _validate_parallel"))
+        return Rejection(
+            rule="ep_divides_tp",
+            reason=f"ep {ep} does not divide tp {tp}",
+            engine_error=f"ValueError: tp_size {tp} must be divisible by ep_size {ep}",
+            source=_src(ctx, "model_runner_components/moe_ep_setup.py check_quantized_moe_compatibility"),
+        )
+    return Rejection(
+        rule="ep_divides_tp",
+        reason=f"ep {ep} × moe_dp {mdp} does not divide tp {tp}",
+        engine_error=(
+            "ValueError: parallel topology is inconsistent (set by publish): tp_size == "
+            f"moe_ep_size * moe_dp_size * moe_tp_size  {tp} != {ep} * {mdp} * {moe_tp}"
+        ),
+        source=_src(ctx, "runtime_context.py _validate_parallel"),
+    )
 
 
 def replicas_with_attn_dp(ctx: Context) -> Rejection | None:
     f = ctx.flags
     if f["dp_size"] == 1 or f["attn_dp_size"] == 1:
         return None
-    return Rejection(rule="replicas_with_attn_dp", reason="data-parallel replicas (--dp-size) cannot be combined with "
-                     "attention data parallelism", engine_error=(
-                         "ValueError: --dp-size … with --attn-dp-size …: data-parallel replicas combined with attention "
-                         "data parallelism are not supported."), source=_src(ctx, "arg_groups/parallel_hook.py"))
+    return Rejection(
+        rule="replicas_with_attn_dp",
+        reason="data-parallel replicas (--dp-size) cannot be combined with attention data parallelism",
+        engine_error=(
+            "ValueError: --dp-size … with --attn-dp-size …: data-parallel replicas combined with attention "
+            "data parallelism are not supported."
+        ),
+        source=_src(ctx, "arg_groups/parallel_hook.py"),
+    )
 
 
 def moe_dp_rules(ctx: Context) -> Rejection | None:
@@ -102,8 +141,12 @@ def moe_dp_rules(ctx: Context) -> Rejection | None:
         problems.append("attention CP must be 1 or equal to moe_dp")
     if not problems:
         return None
-    return Rejection(rule="moe_dp", reason="; ".join(problems), engine_error="ValueError",
-                     source=_src(ctx, "arg_groups/parallel_hook.py handle_moe_data_parallelism"))
+    return Rejection(
+        rule="moe_dp",
+        reason="; ".join(problems),
+        engine_error="ValueError",
+        source=_src(ctx, "arg_groups/parallel_hook.py handle_moe_data_parallelism"),
+    )
 
 
 def heads_split(ctx: Context) -> Rejection | None:
@@ -111,15 +154,25 @@ def heads_split(ctx: Context) -> Rejection | None:
     if a_tp == 0:
         return None
     if att.num_heads % a_tp:
-        return Rejection(rule="heads_split", reason=f"{att.num_heads} attention heads do not split over attention TP {a_tp}",
-                         engine_error="AssertionError: assert num_heads % attn_tp_size == 0",
-                         source=_src(ctx, "models/deepseek_v2.py DeepseekV2AttentionMLA.__init__"
-                                     if att.kind == "mla" else "models/llama.py LlamaAttention.__init__"))
+        return Rejection(
+            rule="heads_split",
+            reason=f"{att.num_heads} attention heads do not split over attention TP {a_tp}",
+            engine_error="AssertionError: assert num_heads % attn_tp_size == 0",
+            source=_src(
+                ctx,
+                "models/deepseek_v2.py DeepseekV2AttentionMLA.__init__"
+                if att.kind == "mla"
+                else "models/llama.py LlamaAttention.__init__",
+            ),
+        )
     kv = att.num_kv_heads
     if att.kind == "gqa" and (kv % a_tp if kv >= a_tp else a_tp % kv):
-        return Rejection(rule="kv_heads_split", reason=f"{kv} KV heads neither split over nor replicate onto "
-                         f"attention TP {a_tp}", engine_error="AssertionError",
-                         source=_src(ctx, "models/llama.py LlamaAttention.__init__"))
+        return Rejection(
+            rule="kv_heads_split",
+            reason=f"{kv} KV heads neither split over nor replicate onto attention TP {a_tp}",
+            engine_error="AssertionError",
+            source=_src(ctx, "models/llama.py LlamaAttention.__init__"),
+        )
     return None
 
 
@@ -127,9 +180,12 @@ def tp_exceeds_experts(ctx: Context) -> Rejection | None:
     moe, tp = ctx.model.moe, ctx.flags["tp_size"]
     if moe is None or ctx.model.family not in ("deepseek", "glm4_moe") or tp <= moe.num_experts:
         return None
-    return Rejection(rule="tp_exceeds_experts", reason=f"tp {tp} is larger than the {moe.num_experts} routed experts",
-                     engine_error=f"ValueError: Tensor parallel size {tp} is greater than the number of experts "
-                                  f"{moe.num_experts}.", source=_src(ctx, "models/deepseek_v2.py DeepseekV2MoE.__init__"))
+    return Rejection(
+        rule="tp_exceeds_experts",
+        reason=f"tp {tp} is larger than the {moe.num_experts} routed experts",
+        engine_error=f"ValueError: Tensor parallel size {tp} is greater than the number of experts {moe.num_experts}.",
+        source=_src(ctx, "models/deepseek_v2.py DeepseekV2MoE.__init__"),
+    )
 
 
 def experts_split_evenly(ctx: Context) -> Rejection | None:
@@ -139,9 +195,12 @@ def experts_split_evenly(ctx: Context) -> Rejection | None:
     slots = moe.num_experts + ctx.flags["ep_num_redundant_experts"]
     if slots % ep == 0:
         return None
-    return Rejection(rule="experts_split_evenly", reason=f"{slots} expert slots do not split evenly over EP {ep}",
-                     engine_error="AssertionError: assert self._num_global_routed % storage_ep_size == 0",
-                     source=_src(ctx, "layers/moe/fused_moe_triton/layer.py"))
+    return Rejection(
+        rule="experts_split_evenly",
+        reason=f"{slots} expert slots do not split evenly over EP {ep}",
+        engine_error="AssertionError: assert self._num_global_routed % storage_ep_size == 0",
+        source=_src(ctx, "layers/moe/fused_moe_triton/layer.py"),
+    )
 
 
 def partitions_fit_blocks(ctx: Context) -> Rejection | None:
@@ -155,20 +214,32 @@ def partitions_fit_blocks(ctx: Context) -> Rejection | None:
         if ways <= 1 or (width % ways == 0 and (width // ways) % block == 0):
             continue
         if role == "routed_experts" and block > 1:
-            return Rejection(rule="moe_tp_width", reason=f"moe_intermediate_size {width} / moe_tp {ways} is not a "
-                             f"multiple of the {block}-wide quantization block",
-                             engine_error=("ValueError: For quantized MoE models, please make sure "
-                                           "(moe_intermediate_size / moe_tp_size) % weight_block_size_n == 0"),
-                             source=_src(ctx, "model_runner_components/moe_ep_setup.py"))
+            return Rejection(
+                rule="moe_tp_width",
+                reason=f"moe_intermediate_size {width} / moe_tp {ways} is not a "
+                f"multiple of the {block}-wide quantization block",
+                engine_error=(
+                    "ValueError: For quantized MoE models, please make sure "
+                    "(moe_intermediate_size / moe_tp_size) % weight_block_size_n == 0"
+                ),
+                source=_src(ctx, "model_runner_components/moe_ep_setup.py"),
+            )
         if role == "routed_experts":
-            return Rejection(rule="moe_tp_width", reason=f"moe_intermediate_size {width} does not split over "
-                             f"moe_tp {ways}", engine_error="AssertionError: assert intermediate_size % self.moe_tp_size == 0",
-                             source=_src(ctx, "layers/moe/fused_moe_triton/layer.py"))
-        return Rejection(rule="partition_block", reason=f"{label}: {width} / {ways} is not a multiple of the "
-                         f"{block}-wide FP8 block", engine_error=(
-                             f"ValueError: Weight output_partition_size = {width / ways:g} is not divisible by "
-                             f"weight quantization block_n = {block}."),
-                         source=_src(ctx, "layers/quantization/fp8_utils.py validate_fp8_block_shape"))
+            return Rejection(
+                rule="moe_tp_width",
+                reason=f"moe_intermediate_size {width} does not split over moe_tp {ways}",
+                engine_error="AssertionError: assert intermediate_size % self.moe_tp_size == 0",
+                source=_src(ctx, "layers/moe/fused_moe_triton/layer.py"),
+            )
+        return Rejection(
+            rule="partition_block",
+            reason=f"{label}: {width} / {ways} is not a multiple of the {block}-wide FP8 block",
+            engine_error=(
+                f"ValueError: Weight output_partition_size = {width / ways:g} is not divisible by "
+                f"weight quantization block_n = {block}."
+            ),
+            source=_src(ctx, "layers/quantization/fp8_utils.py validate_fp8_block_shape"),
+        )
     return None
 
 
@@ -181,8 +252,14 @@ def _partitions(ctx: Context) -> list[tuple[str, int, int, str]]:
     if model.moe:
         out.append(("routed_experts", model.moe.expert_intermediate_size, moe_tp, "routed experts"))
         if model.moe.num_shared_experts and f["moe_a2a_backend"] not in A2A_EP_SPANNING:
-            out.append(("shared_experts", model.moe.shared_intermediate_size * model.moe.num_shared_experts, tp,
-                        "shared experts"))
+            out.append(
+                (
+                    "shared_experts",
+                    model.moe.shared_intermediate_size * model.moe.num_shared_experts,
+                    tp,
+                    "shared experts",
+                )
+            )
     if model.layer_mlp.count("dense"):
         dense_tp = 1 if f.get("moe_dense_tp_size") == 1 else tp
         out.append(("dense_mlp", model.intermediate_size, dense_tp, "dense MLP (--moe-dense-tp-size 1 replicates it)"))
@@ -198,13 +275,19 @@ def multi_node(ctx: Context) -> Rejection | None:
     f = ctx.flags
     nnodes = f["nnodes"]
     if nnodes > 1 and (f["tp_size"] * f["pp_size"]) % nnodes:
-        return Rejection(rule="multi_node_split", reason=f"tp × pp = {f['tp_size'] * f['pp_size']} GPUs do not split "
-                         f"over {nnodes} nodes", engine_error=None,
-                         source=_src(ctx, "arg_groups/validation_hook.py check_server_args"))
+        return Rejection(
+            rule="multi_node_split",
+            reason=f"tp × pp = {f['tp_size'] * f['pp_size']} GPUs do not split over {nnodes} nodes",
+            engine_error=None,
+            source=_src(ctx, "arg_groups/validation_hook.py check_server_args"),
+        )
     if nnodes > 1 and f["dp_size"] > 1:
-        return Rejection(rule="multi_node_replicas", reason="data-parallel replicas are single-node only",
-                         engine_error="multi-node data-parallel replicas are not supported; use attention DP",
-                         source=_src(ctx, "arg_groups/validation_hook.py check_server_args"))
+        return Rejection(
+            rule="multi_node_replicas",
+            reason="data-parallel replicas are single-node only",
+            engine_error="multi-node data-parallel replicas are not supported; use attention DP",
+            source=_src(ctx, "arg_groups/validation_hook.py check_server_args"),
+        )
     return None
 
 
@@ -213,9 +296,13 @@ def moe_dense_tp(ctx: Context) -> Rejection | None:
     allowed = {None, 1, tp} if ctx.version >= V0523 else {None, 1}
     if value in allowed:
         return None
-    return Rejection(rule="moe_dense_tp", reason=f"--moe-dense-tp-size {value} must be one of "
-                     f"{', '.join(str(a) for a in sorted(x for x in allowed if x))} (or unset)",
-                     engine_error="AssertionError", source=_src(ctx, "arg_groups/parallel_hook.py"))
+    return Rejection(
+        rule="moe_dense_tp",
+        reason=f"--moe-dense-tp-size {value} must be one of "
+        f"{', '.join(str(a) for a in sorted(x for x in allowed if x))} (or unset)",
+        engine_error="AssertionError",
+        source=_src(ctx, "arg_groups/parallel_hook.py"),
+    )
 
 
 def dcp_rules(ctx: Context) -> Rejection | None:
@@ -224,11 +311,19 @@ def dcp_rules(ctx: Context) -> Rejection | None:
     if dcp == 1:
         return None
     if f["tp_size"] % dcp:
-        return Rejection(rule="dcp_divides_tp", reason=f"decode CP {dcp} does not divide tp {f['tp_size']}",
-                         engine_error="AssertionError", source=_src(ctx, "distributed/parallel_state.py initialize_model_parallel"))
+        return Rejection(
+            rule="dcp_divides_tp",
+            reason=f"decode CP {dcp} does not divide tp {f['tp_size']}",
+            engine_error="AssertionError",
+            source=_src(ctx, "distributed/parallel_state.py initialize_model_parallel"),
+        )
     if f.get("enable_prefill_cp"):
-        return Rejection(rule="dcp_with_prefill_cp", reason="decode CP cannot be combined with --enable-prefill-cp",
-                         engine_error="ValueError", source=_src(ctx, "arg_groups/parallel_hook.py"))
+        return Rejection(
+            rule="dcp_with_prefill_cp",
+            reason="decode CP cannot be combined with --enable-prefill-cp",
+            engine_error="ValueError",
+            source=_src(ctx, "arg_groups/parallel_hook.py"),
+        )
     return None
 
 
@@ -237,9 +332,12 @@ def chunk_fits_pages(ctx: Context) -> Rejection | None:
     chunk, page = f.get("chunked_prefill_size"), f["page_size"]
     if chunk is None or chunk <= 0 or chunk % page == 0:
         return None
-    return Rejection(rule="chunk_page", reason=f"chunked prefill size {chunk} is not a multiple of page size {page}",
-                     engine_error=None,
-                     source=_src(ctx, "arg_groups/validation_hook.py"))
+    return Rejection(
+        rule="chunk_page",
+        reason=f"chunked prefill size {chunk} is not a multiple of page size {page}",
+        engine_error=None,
+        source=_src(ctx, "arg_groups/validation_hook.py"),
+    )
 
 
 def pipeline_exclusions(ctx: Context) -> Rejection | None:
@@ -247,9 +345,13 @@ def pipeline_exclusions(ctx: Context) -> Rejection | None:
     if f["pp_size"] == 1:
         return None
     if f.get("speculative_algorithm"):
-        return Rejection(rule="pp_with_spec", reason="pipeline parallelism with speculative decoding runs only on "
-                         "PD prefill nodes (or with SGLANG_ENABLE_PP_SPEC)", engine_error="ValueError",
-                         source=_src(ctx, "check_pipeline_parallel_compat"))
+        return Rejection(
+            rule="pp_with_spec",
+            reason="pipeline parallelism with speculative decoding runs only on "
+            "PD prefill nodes (or with SGLANG_ENABLE_PP_SPEC)",
+            engine_error="ValueError",
+            source=_src(ctx, "check_pipeline_parallel_compat"),
+        )
     return None
 
 
@@ -257,23 +359,54 @@ def feature_combinations(ctx: Context) -> Rejection | None:
     f = ctx.flags
     src = _src(ctx, "arg_groups/validation_hook.py")
     checks = [
-        (f.get("enable_eplb") and f["ep_size"] == 1, "eplb_needs_ep", "--enable-eplb needs ep > 1",
-         "AssertionError: assert resolved_view(server_args).ep_size > 1"),
-        (f.get("enable_two_batch_overlap") and f["moe_a2a_backend"] == "none"
-         and (ctx.version < V0523 or f["attn_dp_size"] == 1), "tbo_needs_a2a",
-         "two-batch overlap without an all-to-all backend needs attention DP" if ctx.version >= V0523
-         else "two-batch overlap needs an all-to-all backend", "ValueError (check_two_batch_overlap)"),
-        (f.get("enable_two_batch_overlap") and f["moe_a2a_backend"] == "deepep_v2", "tbo_deepep_v2",
-         "DeepEP v2 does not support two-batch overlap", "ValueError"),
-        (f.get("enable_dp_lm_head") and f["attn_dp_size"] == 1, "dp_lm_head_needs_attn_dp",
-         "--enable-dp-lm-head needs attention DP", "ValueError"),
-        (f["moe_a2a_backend"] == "flashinfer_megamoe" and f["attn_dp_size"] != f["tp_size"], "megamoe_needs_full_dp",
-         "flashinfer_megamoe needs attention DP equal to tp", "ValueError"),
-        (f.get("speculative_algorithm") == "STANDALONE" and f["attn_dp_size"] > 1, "standalone_with_attn_dp",
-         "STANDALONE speculative decoding does not support attention DP", "ValueError"),
-        (f.get("speculative_algorithm") in ("DFLASH", "DSPARK") and f["attn_dp_size"] > 1
-         and not f.get("enable_dp_lm_head"), "dflash_needs_dp_lm_head",
-         "DFLASH/DSPARK with attention DP needs --enable-dp-lm-head", "ValueError"),
+        (
+            f.get("enable_eplb") and f["ep_size"] == 1,
+            "eplb_needs_ep",
+            "--enable-eplb needs ep > 1",
+            "AssertionError: assert resolved_view(server_args).ep_size > 1",
+        ),
+        (
+            f.get("enable_two_batch_overlap")
+            and f["moe_a2a_backend"] == "none"
+            and (ctx.version < V0523 or f["attn_dp_size"] == 1),
+            "tbo_needs_a2a",
+            "two-batch overlap without an all-to-all backend needs attention DP"
+            if ctx.version >= V0523
+            else "two-batch overlap needs an all-to-all backend",
+            "ValueError (check_two_batch_overlap)",
+        ),
+        (
+            f.get("enable_two_batch_overlap") and f["moe_a2a_backend"] == "deepep_v2",
+            "tbo_deepep_v2",
+            "DeepEP v2 does not support two-batch overlap",
+            "ValueError",
+        ),
+        (
+            f.get("enable_dp_lm_head") and f["attn_dp_size"] == 1,
+            "dp_lm_head_needs_attn_dp",
+            "--enable-dp-lm-head needs attention DP",
+            "ValueError",
+        ),
+        (
+            f["moe_a2a_backend"] == "flashinfer_megamoe" and f["attn_dp_size"] != f["tp_size"],
+            "megamoe_needs_full_dp",
+            "flashinfer_megamoe needs attention DP equal to tp",
+            "ValueError",
+        ),
+        (
+            f.get("speculative_algorithm") == "STANDALONE" and f["attn_dp_size"] > 1,
+            "standalone_with_attn_dp",
+            "STANDALONE speculative decoding does not support attention DP",
+            "ValueError",
+        ),
+        (
+            f.get("speculative_algorithm") in ("DFLASH", "DSPARK")
+            and f["attn_dp_size"] > 1
+            and not f.get("enable_dp_lm_head"),
+            "dflash_needs_dp_lm_head",
+            "DFLASH/DSPARK with attention DP needs --enable-dp-lm-head",
+            "ValueError",
+        ),
     ]
     for failed, rule, reason, error in checks:
         if failed:
@@ -287,9 +420,13 @@ def mtp_needs_draft(ctx: Context) -> Rejection | None:
         return None
     if ctx.model.num_mtp_layers > 0 and f.get("speculative_algorithm") != "EAGLE3":
         return None  # the checkpoint's own MTP layers are the draft
-    return Rejection(rule="mtp_needs_draft", reason=f"{ctx.model.name} has no MTP layers "
-                     "(num_nextn_predict_layers = 0); give --speculative-draft-model-path (an EAGLE/EAGLE3 draft)",
-                     engine_error=None, source=_src(ctx, "speculative/spec_info.py"))
+    return Rejection(
+        rule="mtp_needs_draft",
+        reason=f"{ctx.model.name} has no MTP layers "
+        "(num_nextn_predict_layers = 0); give --speculative-draft-model-path (an EAGLE/EAGLE3 draft)",
+        engine_error=None,
+        source=_src(ctx, "speculative/spec_info.py"),
+    )
 
 
 def enough_gpus(ctx: Context) -> Rejection | None:
@@ -297,12 +434,31 @@ def enough_gpus(ctx: Context) -> Rejection | None:
     needed = f["dp_size"] * f["tp_size"] * f["pp_size"]
     if needed <= ctx.gpus_available:
         return None
-    return Rejection(rule="not_enough_gpus", reason=f"needs dp × tp × pp = {needed} GPUs; {ctx.gpus_available} "
-                     "are available", engine_error="RuntimeError: CUDA error: invalid device ordinal",
-                     source=_src(ctx, "entrypoints/engine.py (scheduler processes on base_gpu_id + tp_rank)"))
+    return Rejection(
+        rule="not_enough_gpus",
+        reason=f"needs dp × tp × pp = {needed} GPUs; {ctx.gpus_available} are available",
+        engine_error="RuntimeError: CUDA error: invalid device ordinal",
+        source=_src(ctx, "entrypoints/engine.py (scheduler processes on base_gpu_id + tp_rank)"),
+    )
 
 
-RULES: list[Rule] = [attn_dp_divides_tp, attn_cp_divides_tp, moe_tp_zero, ep_divides_tp, replicas_with_attn_dp,
-                     moe_dp_rules, heads_split, tp_exceeds_experts, experts_split_evenly, partitions_fit_blocks,
-                     multi_node, moe_dense_tp, dcp_rules, chunk_fits_pages, pipeline_exclusions,
-                     feature_combinations, mtp_needs_draft, enough_gpus]
+RULES: list[Rule] = [
+    attn_dp_divides_tp,
+    attn_cp_divides_tp,
+    moe_tp_zero,
+    ep_divides_tp,
+    replicas_with_attn_dp,
+    moe_dp_rules,
+    heads_split,
+    tp_exceeds_experts,
+    experts_split_evenly,
+    partitions_fit_blocks,
+    multi_node,
+    moe_dense_tp,
+    dcp_rules,
+    chunk_fits_pages,
+    pipeline_exclusions,
+    feature_combinations,
+    mtp_needs_draft,
+    enough_gpus,
+]

@@ -7,10 +7,12 @@ for all-reduce and × (n−1)/n for all-gather, reduce-scatter and all-to-all, w
 
 from __future__ import annotations
 
+import itertools
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from shardwise.frozen import Frozen
 from shardwise.units import parse_quantity
 
 
@@ -38,10 +40,6 @@ def ring_steps(op: Collective, n_gpus: int) -> int:
     if op is Collective.SEND_RECV:
         return 1
     return n_gpus - 1
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Point(Frozen):
@@ -90,7 +88,7 @@ class CollectiveCurve(Frozen):
             return latency_floor_s + size_bytes * factor / self._max_busbw(None)
         if size_bytes <= pairs[0][0]:
             return pairs[0][1]
-        for (s0, t0), (s1, t1) in zip(pairs, pairs[1:]):
+        for (s0, t0), (s1, t1) in itertools.pairwise(pairs):
             if size_bytes <= s1:
                 return t0 + (size_bytes - s0) / (s1 - s0) * (t1 - t0)
         s_last, t_last = pairs[-1]

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from shardwise.frozen import Frozen
 from shardwise.units import Dimension, to_si
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Quantity(Frozen):
@@ -55,7 +52,8 @@ class GpuProfile(Frozen):
     compute_capability: Fact
     memory: Quantity = Field(
         description="capacity as sold; datasheets write 'GB' for binary gigabytes (an '80 GB' H100 reports 81,559 "
-        "MiB), so the data files record it in GiB")
+        "MiB), so the data files record it in GiB"
+    )
     memory_visible: Quantity | None = Field(None, description="capacity the driver reports (nvidia-smi)")
     memory_type: Fact
     mem_bandwidth: Quantity = Field(description="datasheet memory bandwidth")

@@ -48,8 +48,13 @@ def model_payload(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | 
         "sliding_window": model.sliding_window,
         "quantization": model.quant.method,
         "components": [
-            {"name": c.name, "params": c.params, "bytes": c.bytes, "active_params": round(c.active_params),
-             "formats": list(c.formats)}
+            {
+                "name": c.name,
+                "params": c.params,
+                "bytes": c.bytes,
+                "active_params": round(c.active_params),
+                "formats": list(c.formats),
+            }
             for c in ledger.components
         ],
         "mtp_params": ledger.mtp_params,
@@ -109,9 +114,16 @@ def link_payload(link: LinkProfile) -> dict[str, Any]:
 
 
 def collective_payload(cost: CollectiveCost) -> dict[str, Any]:
-    return {"op": cost.op.value, "impl": cost.impl, "gpus": cost.n_gpus, "size_bytes": cost.size_bytes, "time_s": cost.time_s,
-            "method": cost.method, "source": cost.source,
-            "bus_bandwidth_bytes_per_s": cost.bandwidth_bytes_per_s}
+    return {
+        "op": cost.op.value,
+        "impl": cost.impl,
+        "gpus": cost.n_gpus,
+        "size_bytes": cost.size_bytes,
+        "time_s": cost.time_s,
+        "method": cost.method,
+        "source": cost.source,
+        "bus_bandwidth_bytes_per_s": cost.bandwidth_bytes_per_s,
+    }
 
 
 def cluster_payload(cluster: ClusterSpec, costs: list[CollectiveCost]) -> dict[str, Any]:
@@ -122,11 +134,20 @@ def cluster_payload(cluster: ClusterSpec, costs: list[CollectiveCost]) -> dict[s
         "num_gpus": cluster.num_gpus,
         "gpu": cluster.gpu.name,
         "memory_bytes_total": cluster.gpu.memory_bytes * cluster.num_gpus,
-        "intra_node": {"link": link_payload(cluster.intra.link), "p2p": cluster.intra.p2p,
-                       "numa_nodes": cluster.intra.numa_nodes, "pcie_switches": cluster.intra.pcie_switches},
-        "inter_node": None if cluster.inter is None else {
-            "network": link_payload(cluster.inter.network), "nics_per_node": cluster.inter.nics_per_node,
-            "assumed": cluster.inter.assumed, "bytes_per_s_per_gpu": cluster.network_bytes_per_s_per_gpu},
+        "intra_node": {
+            "link": link_payload(cluster.intra.link),
+            "p2p": cluster.intra.p2p,
+            "numa_nodes": cluster.intra.numa_nodes,
+            "pcie_switches": cluster.intra.pcie_switches,
+        },
+        "inter_node": None
+        if cluster.inter is None
+        else {
+            "network": link_payload(cluster.inter.network),
+            "nics_per_node": cluster.inter.nics_per_node,
+            "assumed": cluster.inter.assumed,
+            "bytes_per_s_per_gpu": cluster.network_bytes_per_s_per_gpu,
+        },
         "measured_collectives": cluster.collectives.name if cluster.collectives else None,
         "collectives": [collective_payload(c) for c in costs],
     }

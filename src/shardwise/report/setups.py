@@ -53,8 +53,11 @@ def check_view(setup: Setup, model: ModelSpec) -> Group:
     parts: list[Any] = []
     if setup.valid:
         head = Text("ok", style="bold green")
-        head.append(f"  {setup.engine} {setup.version} starts this on {setup.gpus_used} of {setup.gpus_available} GPUs"
-                    f" as {setup.layout.describe() if setup.layout else '?'}", style="default")
+        head.append(
+            f"  {setup.engine} {setup.version} starts this on {setup.gpus_used} of {setup.gpus_available} GPUs"
+            f" as {setup.layout.describe() if setup.layout else '?'}",
+            style="default",
+        )
     else:
         head = Text("invalid", style="bold red")
         head.append(f"  {setup.engine} {setup.version} will not start this", style="default")
@@ -87,20 +90,39 @@ def _collectives_table(layout: Layout, model: ModelSpec) -> Table:
     table = Table(title="collectives in one forward step", title_justify="left")
     for col in ("where", "collective", "group", "GPUs", "how often", "bytes/token"):
         table.add_column(col, justify="right" if col in ("GPUs", "bytes/token") else "left")
-    counts = {"layer": model.num_layers, "moe_layer": model.num_moe_layers,
-              "dense_layer": model.num_layers - model.num_moe_layers, "step": 1, "stage_boundary": 1}
+    counts = {
+        "layer": model.num_layers,
+        "moe_layer": model.num_moe_layers,
+        "dense_layer": model.num_layers - model.num_moe_layers,
+        "step": 1,
+        "stage_boundary": 1,
+    }
     for c in comm_steps(layout, model):
         per_pp = f" (÷{layout.pp} stages)" if layout.pp > 1 and c.per.endswith("layer") else ""
-        table.add_row(c.where, c.op.value, c.group, str(c.group_size), f"{counts[c.per] * c.count} per step{per_pp}",
-                      f"{c.bytes_per_token:,.0f}")
+        table.add_row(
+            c.where,
+            c.op.value,
+            c.group,
+            str(c.group_size),
+            f"{counts[c.per] * c.count} per step{per_pp}",
+            f"{c.bytes_per_token:,.0f}",
+        )
     if not comm_steps(layout, model):
         table.add_row("none: every GPU runs a whole copy", "", "", "", "", "")
     return table
 
 
 def layouts_payload(rows: list[tuple[Setup, list[str]]], model: ModelSpec) -> list[dict[str, Any]]:
-    return [{"engine": s.engine, "version": s.version, "layout": layout_payload(s.layout, model) if s.layout else None,
-             "launch_command": command_text(cmd), "notes": [n.message for n in s.notes]} for s, cmd in rows]
+    return [
+        {
+            "engine": s.engine,
+            "version": s.version,
+            "layout": layout_payload(s.layout, model) if s.layout else None,
+            "launch_command": command_text(cmd),
+            "notes": [n.message for n in s.notes],
+        }
+        for s, cmd in rows
+    ]
 
 
 def layouts_table(rows: list[tuple[Setup, list[str]]], *, title: str) -> Table:
@@ -110,6 +132,13 @@ def layouts_table(rows: list[tuple[Setup, list[str]]], *, title: str) -> Table:
     for i, (setup, cmd) in enumerate(rows, 1):
         lay = setup.layout
         assert lay is not None
-        table.add_row(str(i), lay.describe(), f"{lay.attn_tp}×{lay.attn_dp}", f"{lay.moe_ep}×{lay.moe_tp}",
-                      str(lay.pp), str(lay.replicas), command_text(cmd))
+        table.add_row(
+            str(i),
+            lay.describe(),
+            f"{lay.attn_tp}×{lay.attn_dp}",
+            f"{lay.moe_ep}×{lay.moe_tp}",
+            str(lay.pp),
+            str(lay.replicas),
+            command_text(cmd),
+        )
     return table

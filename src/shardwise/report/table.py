@@ -20,58 +20,92 @@ def models_table(rows: list[tuple[CatalogEntry, ModelSpec, WeightLedger]]) -> Ta
     for col in ("name", "Hugging Face repo", "family", "params", "active", "weights", "KV/token", "config"):
         table.add_column(col, justify="right" if col in ("params", "active", "weights", "KV/token") else "left")
     for entry, model, ledger in rows:
-        table.add_row(entry.alias, entry.repo, model.family, format_count(ledger.total_params),
-                      format_count(ledger.active_params), format_bytes(ledger.total_bytes),
-                      f"{model.kv_bytes_per_token:,.0f} B", entry.provenance)
+        table.add_row(
+            entry.alias,
+            entry.repo,
+            model.family,
+            format_count(ledger.total_params),
+            format_count(ledger.active_params),
+            format_bytes(ledger.total_bytes),
+            f"{model.kv_bytes_per_token:,.0f} B",
+            entry.provenance,
+        )
     return table
 
 
 def gpus_table(gpus: list[GpuProfile]) -> Table:
-    table = Table(title="GPUs (dense tensor peaks; `shardwise gpus --json` gives every figure with its source)",
-                  title_justify="left")
+    table = Table(
+        title="GPUs (dense tensor peaks; `shardwise gpus --json` gives every figure with its source)",
+        title_justify="left",
+    )
     for col in ("name", "memory", "usable", "mem BW spec", "mem BW meas.", "BF16", "FP8", "FP4", "GPU link", "P2P"):
         table.add_column(col, justify="left" if col in ("name", "GPU link", "P2P") else "right")
     for gpu in gpus:
+
         def tflops(dtype: str, g: GpuProfile = gpu) -> str:
             flops = g.dense_flops_per_s(dtype)
             return f"{flops / 1e12:,.0f}" if flops else "—"
+
         measured = gpu.mem_bandwidth_measured_bytes_per_s
-        table.add_row(gpu.name, f"{gpu.memory.value:g} {gpu.memory.unit}", format_bytes(gpu.memory_bytes, binary=True),
-                      format_rate(gpu.mem_bandwidth_bytes_per_s),
-                      format_rate(measured) if measured else "—", tflops("bf16"), tflops("fp8"), tflops("fp4"),
-                      str(gpu.gpu_link.value), "yes" if gpu.p2p.value else "no")
+        table.add_row(
+            gpu.name,
+            f"{gpu.memory.value:g} {gpu.memory.unit}",
+            format_bytes(gpu.memory_bytes, binary=True),
+            format_rate(gpu.mem_bandwidth_bytes_per_s),
+            format_rate(measured) if measured else "—",
+            tflops("bf16"),
+            tflops("fp8"),
+            tflops("fp4"),
+            str(gpu.gpu_link.value),
+            "yes" if gpu.p2p.value else "no",
+        )
     return table
 
 
 def _model_summary(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | None) -> Text:
     att, moe = model.attention, model.moe
-    lines = [f"[bold]{model.name}[/bold]" + (f"  ({entry.repo}, config {entry.provenance})" if entry else ""),
-             f"architecture {model.architecture} → read as '{model.family}'"
-             + ("  [yellow](unknown architecture: read with the generic reader)[/yellow]" if model.generic else "")]
+    lines = [
+        f"[bold]{model.name}[/bold]" + (f"  ({entry.repo}, config {entry.provenance})" if entry else ""),
+        f"architecture {model.architecture} → read as '{model.family}'"
+        + ("  [yellow](unknown architecture: read with the generic reader)[/yellow]" if model.generic else ""),
+    ]
     if att.kind == "mla" and att.mla:
-        lines.append(f"attention MLA: {att.num_heads} heads, KV latent {att.mla.kv_lora_rank} + RoPE "
-                     f"{att.mla.qk_rope_head_dim} (one latent per token, shared by all heads)")
+        lines.append(
+            f"attention MLA: {att.num_heads} heads, KV latent {att.mla.kv_lora_rank} + RoPE "
+            f"{att.mla.qk_rope_head_dim} (one latent per token, shared by all heads)"
+        )
     else:
         lines.append(f"attention GQA: {att.num_heads} query heads, {att.num_kv_heads} KV heads of {att.head_dim}")
     kinds = {k: model.layer_attention.count(k) for k in ("full", "sliding", "linear") if k in model.layer_attention}
-    lines.append(f"{model.num_layers} layers: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
-                 + f"; {model.num_moe_layers} MoE, {model.num_layers - model.num_moe_layers} dense")
+    lines.append(
+        f"{model.num_layers} layers: "
+        + ", ".join(f"{n} {k}" for k, n in kinds.items())
+        + f"; {model.num_moe_layers} MoE, {model.num_layers - model.num_moe_layers} dense"
+    )
     if moe:
         shared = f" + {moe.num_shared_experts} shared" if moe.num_shared_experts else ""
-        lines.append(f"experts: {moe.num_experts} routed, top-{moe.top_k}{shared}, width {moe.expert_intermediate_size}")
-    lines.append(f"params {format_count(ledger.total_params)} total, {format_count(ledger.active_params)} active "
-                 f"per token; weights {format_bytes(ledger.total_bytes)} ({ledger.total_bytes / 2**30:,.1f} GiB), "
-                 f"quantization: {model.quant.method}")
+        lines.append(
+            f"experts: {moe.num_experts} routed, top-{moe.top_k}{shared}, width {moe.expert_intermediate_size}"
+        )
+    lines.append(
+        f"params {format_count(ledger.total_params)} total, {format_count(ledger.active_params)} active "
+        f"per token; weights {format_bytes(ledger.total_bytes)} ({ledger.total_bytes / 2**30:,.1f} GiB), "
+        f"quantization: {model.quant.method}"
+    )
     kv = f"KV cache {model.kv_bytes_per_token:,.0f} B/token ({model.kv_dtype})"
     if model.sliding_window:
-        kv += (f"; sliding layers keep only {model.sliding_window} tokens, so past the window a token costs "
-               f"{model.kv_bytes_per_token_beyond_window:,.0f} B")
+        kv += (
+            f"; sliding layers keep only {model.sliding_window} tokens, so past the window a token costs "
+            f"{model.kv_bytes_per_token_beyond_window:,.0f} B"
+        )
     if model.linear_state_bytes:
         kv += f"; linear-attention state {format_bytes(model.linear_state_bytes)} per sequence"
     lines.append(kv)
     if ledger.mtp_params:
-        lines.append(f"MTP draft layers: {model.num_mtp_layers} ({format_count(ledger.mtp_params)}, "
-                     f"{format_bytes(ledger.mtp_bytes)}; loaded only for MTP speculative decoding)")
+        lines.append(
+            f"MTP draft layers: {model.num_mtp_layers} ({format_count(ledger.mtp_params)}, "
+            f"{format_bytes(ledger.mtp_bytes)}; loaded only for MTP speculative decoding)"
+        )
     return Text.from_markup("\n".join(lines))
 
 
@@ -81,27 +115,44 @@ def inspect_view(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | N
         table.add_column(col, justify="left" if col in ("component", "format") else "right")
     total = ledger.total_bytes
     for c in ledger.components:
-        table.add_row(c.name, format_count(c.params), format_count(c.active_params), format_bytes(c.bytes),
-                      f"{100 * c.bytes / total:.1f}%", ", ".join(c.formats))
+        table.add_row(
+            c.name,
+            format_count(c.params),
+            format_count(c.active_params),
+            format_bytes(c.bytes),
+            f"{100 * c.bytes / total:.1f}%",
+            ", ".join(c.formats),
+        )
     table.add_section()
-    table.add_row("total", format_count(ledger.total_params), format_count(ledger.active_params),
-                  format_bytes(total), "100%", "")
+    table.add_row(
+        "total", format_count(ledger.total_params), format_count(ledger.active_params), format_bytes(total), "100%", ""
+    )
     return Group(_model_summary(model, ledger, entry), table)
 
 
 def cluster_view(cluster: ClusterSpec, costs: list[CollectiveCost], sizes: list[float]) -> Group:
     gpu, intra = cluster.gpu, cluster.intra
-    lines = [f"[bold]{cluster.name}[/bold]: {cluster.nodes} node(s) × {cluster.gpus_per_node} {gpu.display_name} "
-             f"= {cluster.num_gpus} GPUs, {format_bytes(gpu.memory_bytes * cluster.num_gpus, binary=True)} usable in all",
-             f"inside a node: {intra.link.display_name}, P2P {'on' if intra.p2p else 'off'}"
-             + (f", {intra.numa_nodes} NUMA nodes" if intra.numa_nodes > 1 else "")
-             + f"; collective bandwidth {format_rate(intra.link.collective_bandwidth_bytes_per_s)} per GPU"]
+    lines = [
+        f"[bold]{cluster.name}[/bold]: {cluster.nodes} node(s) × {cluster.gpus_per_node} {gpu.display_name} "
+        f"= {cluster.num_gpus} GPUs, {format_bytes(gpu.memory_bytes * cluster.num_gpus, binary=True)} usable in all",
+        f"inside a node: {intra.link.display_name}, P2P {'on' if intra.p2p else 'off'}"
+        + (f", {intra.numa_nodes} NUMA nodes" if intra.numa_nodes > 1 else "")
+        + f"; collective bandwidth {format_rate(intra.link.collective_bandwidth_bytes_per_s)} per GPU",
+    ]
     if cluster.inter:
         note = " (assumed; give a cluster YAML to change)" if cluster.inter.assumed else ""
-        lines.append(f"between nodes: {cluster.inter.network.display_name}, {cluster.inter.nics_per_node} NICs per node, "
-                     f"{format_rate(cluster.network_bytes_per_s_per_gpu or 0)} per GPU{note}")
-    lines.append("collectives: " + (f"measured tables '{cluster.collectives.name}' where they cover a group, α–β "
-                                    "elsewhere" if cluster.collectives else "α–β model from the link figures"))
+        lines.append(
+            f"between nodes: {cluster.inter.network.display_name}, {cluster.inter.nics_per_node} NICs per node, "
+            f"{format_rate(cluster.network_bytes_per_s_per_gpu or 0)} per GPU{note}"
+        )
+    lines.append(
+        "collectives: "
+        + (
+            f"measured tables '{cluster.collectives.name}' where they cover a group, α–β elsewhere"
+            if cluster.collectives
+            else "α–β model from the link figures"
+        )
+    )
     table = Table(title="collective time by message size (nccl-tests size convention)", title_justify="left")
     table.add_column("collective")
     table.add_column("GPUs", justify="right")

@@ -81,8 +81,10 @@ def resolve_config(ref: str) -> tuple[str, dict[str, Any]]:
         return ref, _hub_config(ref)
     close = difflib.get_close_matches(ref.lower(), list(entries), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    raise SpecError(f"unknown model {ref!r}: not a file, a folder or a bundled model; {hint}"
-                    "run 'shardwise models' for the bundled ones, or give a config.json path or a Hub id 'org/name'")
+    raise SpecError(
+        f"unknown model {ref!r}: not a file, a folder or a bundled model; {hint}"
+        "run 'shardwise models' for the bundled ones, or give a config.json path or a Hub id 'org/name'"
+    )
 
 
 def _hub_config(repo_id: str) -> dict[str, Any]:
@@ -92,13 +94,14 @@ def _hub_config(repo_id: str) -> dict[str, Any]:
         path = hf_hub_download(repo_id=repo_id, filename="config.json")
     except Exception as exc:  # network, auth, missing repo: all become one line for the user
         reason = type(exc).__name__
-        raise SpecError(f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({reason}); "
-                        "offline or gated? give a local config.json path or a bundled model name") from exc
+        raise SpecError(
+            f"cannot fetch config.json of {repo_id!r} from the Hugging Face Hub ({reason}); "
+            "offline or gated? give a local config.json path or a bundled model name"
+        ) from exc
     return read_config_file(Path(path))
 
 
-def load_model(ref: str = DEFAULT_MODEL, *, weight_dtype: str | None = None,
-               kv_dtype: str | None = None) -> ModelSpec:
+def load_model(ref: str = DEFAULT_MODEL, *, weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelSpec:
     """The ModelSpec for a path, bundled alias or Hub id, with optional what-if overrides."""
     name, config = resolve_config(ref)
     model = model_from_config(config, name=name)

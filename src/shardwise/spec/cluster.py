@@ -12,9 +12,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from shardwise.errors import SpecError
+from shardwise.frozen import Frozen
 from shardwise.hardware.collectives import CollectiveTables
 from shardwise.hardware.load import collective_tables, load_gpu, load_link, read_yaml, validate
 from shardwise.hardware.profile import GpuProfile, LinkProfile
@@ -24,10 +25,6 @@ DEFAULT_NETWORK = "ib-ndr"  # one 400 Gb/s NIC per GPU, the usual H100/H200 buil
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold
 MAX_NODES = 4096
 _SHORT = re.compile(r"^(?:(\d+)x)?(?:(\d+)x)?([a-z0-9][a-z0-9.\-]*)$")
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class IntraNode(Frozen):
@@ -91,8 +88,15 @@ def _matching_tables(gpu: GpuProfile, intra: IntraNode) -> CollectiveTables | No
     return None
 
 
-def build_cluster(*, name: str, gpu: str, nodes: int, gpus_per_node: int, intra_node: dict[str, Any] | None = None,
-                  inter_node: dict[str, Any] | None = None) -> ClusterSpec:
+def build_cluster(
+    *,
+    name: str,
+    gpu: str,
+    nodes: int,
+    gpus_per_node: int,
+    intra_node: dict[str, Any] | None = None,
+    inter_node: dict[str, Any] | None = None,
+) -> ClusterSpec:
     """Resolve GPU and link names into a ClusterSpec, taking unstated links from the GPU's profile."""
     profile = load_gpu(gpu)
     intra_node = dict(intra_node or {})
@@ -100,33 +104,60 @@ def build_cluster(*, name: str, gpu: str, nodes: int, gpus_per_node: int, intra_
     unknown = set(intra_node) - {"link", "p2p", "numa_nodes", "pcie_switches"}
     if unknown:
         raise SpecError(f"unknown intra_node keys {sorted(unknown)}; use link, p2p, numa_nodes, pcie_switches")
-    intra = validate(IntraNode, {"link": load_link(str(intra_node.pop("link", default_link))),
-                                 "p2p": intra_node.pop("p2p", profile.p2p.value), **intra_node},
-                     origin=f"cluster {name} intra_node")
+    intra = validate(
+        IntraNode,
+        {
+            "link": load_link(str(intra_node.pop("link", default_link))),
+            "p2p": intra_node.pop("p2p", profile.p2p.value),
+            **intra_node,
+        },
+        origin=f"cluster {name} intra_node",
+    )
     inter = None
     if nodes > 1 or inter_node:
         given = dict(inter_node or {})
         network = load_link(str(given.pop("network", DEFAULT_NETWORK)))
-        inter = validate(InterNode, {"network": network, "nics_per_node": given.pop("nics_per_node", gpus_per_node),
-                                     "assumed": inter_node is None, **given}, origin=f"cluster {name} inter_node")
-    return validate(ClusterSpec, {"name": name, "nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": profile,
-                                  "intra": intra, "inter": inter, "collectives": _matching_tables(profile, intra)},
-                    origin=f"cluster {name}")
+        inter = validate(
+            InterNode,
+            {
+                "network": network,
+                "nics_per_node": given.pop("nics_per_node", gpus_per_node),
+                "assumed": inter_node is None,
+                **given,
+            },
+            origin=f"cluster {name} inter_node",
+        )
+    return validate(
+        ClusterSpec,
+        {
+            "name": name,
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "gpu": profile,
+            "intra": intra,
+            "inter": inter,
+            "collectives": _matching_tables(profile, intra),
+        },
+        origin=f"cluster {name}",
+    )
 
 
 def parse_short(text: str) -> ClusterSpec:
     """`8xrtx-pro-6000` → 1 node × 8; `2x8xh100` → 2 nodes × 8; `h200` → 1 × 1."""
     match = _SHORT.match(text.strip().lower())
     if match is None:
-        raise SpecError(f"cannot read cluster {text!r}; write GPUSxNAME (8xrtx-pro-6000), NODESxGPUSxNAME "
-                        "(2x8xh100) or a cluster YAML file")
+        raise SpecError(
+            f"cannot read cluster {text!r}; write GPUSxNAME (8xrtx-pro-6000), NODESxGPUSxNAME "
+            "(2x8xh100) or a cluster YAML file"
+        )
     first, second, gpu = match.groups()
     nodes, per_node = (int(first), int(second)) if second else (1, int(first or 1))
     if nodes < 1 or per_node < 1:
         raise SpecError(f"cluster {text!r} has zero GPUs or nodes; counts start at 1")
     if per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
-        raise SpecError(f"cluster {text!r} is too large: at most {MAX_GPUS_PER_NODE} GPUs per node "
-                        f"and {MAX_NODES} nodes")
+        raise SpecError(
+            f"cluster {text!r} is too large: at most {MAX_GPUS_PER_NODE} GPUs per node and {MAX_NODES} nodes"
+        )
     return build_cluster(name=text.strip().lower(), gpu=gpu, nodes=nodes, gpus_per_node=per_node)
 
 
@@ -146,8 +177,15 @@ def load_cluster(ref: str = DEFAULT_CLUSTER) -> ClusterSpec:
         return parse_short(ref)
     raw = read_yaml(path)
     if not isinstance(raw, dict):
-        raise SpecError(f"{path} must hold a YAML mapping with gpu, gpus_per_node and optionally nodes, "
-                        "intra_node, inter_node")
+        raise SpecError(
+            f"{path} must hold a YAML mapping with gpu, gpus_per_node and optionally nodes, intra_node, inter_node"
+        )
     spec = validate(ClusterFile, raw, origin=str(path))
-    return build_cluster(name=spec.name or path.stem, gpu=spec.gpu, nodes=spec.nodes,
-                         gpus_per_node=spec.gpus_per_node, intra_node=spec.intra_node, inter_node=spec.inter_node)
+    return build_cluster(
+        name=spec.name or path.stem,
+        gpu=spec.gpu,
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        intra_node=spec.intra_node,
+        inter_node=spec.inter_node,
+    )

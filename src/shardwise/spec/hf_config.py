@@ -23,8 +23,9 @@ from shardwise.spec.model import (
 )
 from shardwise.spec.quant import scheme_from_config
 
-MIXTRAL_NAMES = ModuleNames(experts="block_sparse_moe.experts.{expert}", expert_projections=("w1", "w3", "w2"),
-                            router="block_sparse_moe.gate")
+MIXTRAL_NAMES = ModuleNames(
+    experts="block_sparse_moe.experts.{expert}", expert_projections=("w1", "w3", "w2"), router="block_sparse_moe.gate"
+)
 QWEN_SHARED_NAMES = ModuleNames(shared_experts="mlp.shared_expert")
 
 
@@ -53,16 +54,23 @@ FAMILIES: dict[str, Family] = {
     "Glm4MoeForCausalLM": Family("glm4_moe", qk_norm="config", score_correction_bias=True),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", names=QWEN_SHARED_NAMES, qk_norm="per_head"),
     "Qwen2MoeForCausalLM": Family("qwen2_moe", names=QWEN_SHARED_NAMES, qkv_bias=True, shared_expert_gate=True),
-    "Qwen3NextForCausalLM": Family("qwen3_next", names=QWEN_SHARED_NAMES, qk_norm="per_head", output_gate=True,
-                                   shared_expert_gate=True),
+    "Qwen3NextForCausalLM": Family(
+        "qwen3_next", names=QWEN_SHARED_NAMES, qk_norm="per_head", output_gate=True, shared_expert_gate=True
+    ),
     "LlamaForCausalLM": Family("llama"),
     "MistralForCausalLM": Family("mistral"),
     "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True),
     "Qwen3ForCausalLM": Family("qwen3", qk_norm="per_head"),
     "MixtralForCausalLM": Family("mixtral", names=MIXTRAL_NAMES),
     "MiniMaxM2ForCausalLM": Family("minimax_m2", names=MIXTRAL_NAMES, qk_norm="config"),
-    "GptOssForCausalLM": Family("gpt_oss", names=ModuleNames(experts="mlp.experts", router="mlp.router"),
-                                o_bias=True, sinks=True, router_bias=True, expert_bias=True),
+    "GptOssForCausalLM": Family(
+        "gpt_oss",
+        names=ModuleNames(experts="mlp.experts", router="mlp.router"),
+        o_bias=True,
+        sinks=True,
+        router_bias=True,
+        expert_bias=True,
+    ),
 }
 # Multimodal wrappers whose language model sits under `text_config` and `language_model.` in the checkpoint.
 WRAPPERS = {"KimiK25ForConditionalGeneration"}
@@ -87,8 +95,10 @@ def model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     arch = (text.get("architectures") or [outer_arch])[0] if "text_config" in config else outer_arch
     missing = [key for key in REQUIRED if text.get(key) is None]
     if missing:
-        raise SpecError(f"{name}: config.json lacks {', '.join(missing)}; a decoder config needs "
-                        f"{', '.join(REQUIRED)} (and intermediate_size or expert fields)")
+        raise SpecError(
+            f"{name}: config.json lacks {', '.join(missing)}; a decoder config needs "
+            f"{', '.join(REQUIRED)} (and intermediate_size or expert fields)"
+        )
     family = FAMILIES.get(arch) or (_DEEPSEEK if outer_arch in WRAPPERS else None)
     generic = family is None
     family = family or Family("generic")
@@ -96,21 +106,38 @@ def model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     if outer_arch in WRAPPERS:
         names = names.model_copy(update={"prefix": "language_model."})
     quant = scheme_from_config(config.get("quantization_config") or text.get("quantization_config"))
-    dtype = DTYPE_NAMES.get(str(_first(text, "torch_dtype", "dtype", default=None) or
-                                _first(config, "torch_dtype", "dtype", default="bfloat16")), "bf16")
+    dtype = DTYPE_NAMES.get(
+        str(
+            _first(text, "torch_dtype", "dtype", default=None)
+            or _first(config, "torch_dtype", "dtype", default="bfloat16")
+        ),
+        "bf16",
+    )
     layers = int(text["num_hidden_layers"])
     layer_attention = _layer_attention(text, layers)
     return ModelSpec(
-        name=name, architecture=arch, family=family.name, generic=generic,
-        hidden_size=int(text["hidden_size"]), num_layers=layers, vocab_size=int(text["vocab_size"]),
+        name=name,
+        architecture=arch,
+        family=family.name,
+        generic=generic,
+        hidden_size=int(text["hidden_size"]),
+        num_layers=layers,
+        vocab_size=int(text["vocab_size"]),
         tie_word_embeddings=bool(_first(text, "tie_word_embeddings", default=config.get("tie_word_embeddings", False))),
         max_position_embeddings=_first(text, "max_position_embeddings"),
-        dtype=dtype, attention=_attention(text, family), layer_attention=layer_attention,
+        dtype=dtype,
+        attention=_attention(text, family),
+        layer_attention=layer_attention,
         sliding_window=_first(text, "sliding_window") if "sliding" in layer_attention else None,
         linear_attention=_linear_attention(text) if "linear" in layer_attention else None,
-        layer_mlp=_layer_mlp(text, layers), intermediate_size=int(_first(text, "intermediate_size", default=0)),
-        moe=_moe(text, family), num_mtp_layers=_mtp_layers(text), vision=_vision(config.get("vision_config")),
-        quant=quant, kv_dtype=quant.kv_dtype or dtype, names=names,
+        layer_mlp=_layer_mlp(text, layers),
+        intermediate_size=int(_first(text, "intermediate_size", default=0)),
+        moe=_moe(text, family),
+        num_mtp_layers=_mtp_layers(text),
+        vision=_vision(config.get("vision_config")),
+        quant=quant,
+        kv_dtype=quant.kv_dtype or dtype,
+        names=names,
         remote_code=bool(config.get("auto_map") or text.get("auto_map")),
     )
 
@@ -118,16 +145,33 @@ def model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
 def _attention(cfg: dict[str, Any], family: Family) -> AttentionSpec:
     heads = int(cfg["num_attention_heads"])
     if cfg.get("kv_lora_rank"):
-        mla = MlaSpec(q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=int(cfg["kv_lora_rank"]),
-                      qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
-                      v_head_dim=int(cfg["v_head_dim"]))
-        return AttentionSpec(kind="mla", num_heads=heads, num_kv_heads=heads,
-                             head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla=mla)
+        mla = MlaSpec(
+            q_lora_rank=cfg.get("q_lora_rank"),
+            kv_lora_rank=int(cfg["kv_lora_rank"]),
+            qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+            qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+            v_head_dim=int(cfg["v_head_dim"]),
+        )
+        return AttentionSpec(
+            kind="mla",
+            num_heads=heads,
+            num_kv_heads=heads,
+            head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+            mla=mla,
+        )
     head_dim = int(_first(cfg, "head_dim", default=int(cfg["hidden_size"]) // heads))
     qkv_bias = family.qkv_bias if family.qkv_bias is not None else bool(cfg.get("attention_bias", False))
-    return AttentionSpec(kind="gqa", num_heads=heads, num_kv_heads=int(_first(cfg, "num_key_value_heads", default=heads)),
-                         head_dim=head_dim, qkv_bias=qkv_bias, o_bias=family.o_bias and qkv_bias,
-                         qk_norm=_qk_norm(cfg, family), output_gate=family.output_gate, sinks=family.sinks)
+    return AttentionSpec(
+        kind="gqa",
+        num_heads=heads,
+        num_kv_heads=int(_first(cfg, "num_key_value_heads", default=heads)),
+        head_dim=head_dim,
+        qkv_bias=qkv_bias,
+        o_bias=family.o_bias and qkv_bias,
+        qk_norm=_qk_norm(cfg, family),
+        output_gate=family.output_gate,
+        sinks=family.sinks,
+    )
 
 
 def _qk_norm(cfg: dict[str, Any], family: Family) -> str:
@@ -186,22 +230,39 @@ def _moe(cfg: dict[str, Any], family: Family) -> MoESpec | None:
     qwen_shared = int(_first(cfg, "shared_expert_intermediate_size", "shared_intermediate_size", default=0) or 0)
     if qwen_shared:
         shared, shared_size = 1, qwen_shared
-    return MoESpec(num_experts=experts, top_k=int(top_k), expert_intermediate_size=int(expert_size),
-                   num_shared_experts=shared, shared_intermediate_size=shared_size,
-                   shared_expert_gate=family.shared_expert_gate and shared > 0, router_bias=family.router_bias,
-                   score_correction_bias=(family.score_correction_bias or cfg.get("topk_method") == "noaux_tc"
-                                          or bool(cfg.get("use_routing_bias"))),
-                   expert_bias=family.expert_bias)
+    return MoESpec(
+        num_experts=experts,
+        top_k=int(top_k),
+        expert_intermediate_size=int(expert_size),
+        num_shared_experts=shared,
+        shared_intermediate_size=shared_size,
+        shared_expert_gate=family.shared_expert_gate and shared > 0,
+        router_bias=family.router_bias,
+        score_correction_bias=(
+            family.score_correction_bias or cfg.get("topk_method") == "noaux_tc" or bool(cfg.get("use_routing_bias"))
+        ),
+        expert_bias=family.expert_bias,
+    )
 
 
 def _linear_attention(cfg: dict[str, Any]) -> LinearAttentionSpec:
-    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-            "linear_conv_kernel_dim")
+    keys = (
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    )
     missing = [k for k in keys if cfg.get(k) is None]
     if missing:
         raise SpecError(f"linear-attention layers need {', '.join(missing)} to size their state")
-    return LinearAttentionSpec(num_key_heads=cfg[keys[0]], num_value_heads=cfg[keys[1]], key_head_dim=cfg[keys[2]],
-                               value_head_dim=cfg[keys[3]], conv_kernel=cfg[keys[4]])
+    return LinearAttentionSpec(
+        num_key_heads=cfg[keys[0]],
+        num_value_heads=cfg[keys[1]],
+        key_head_dim=cfg[keys[2]],
+        value_head_dim=cfg[keys[3]],
+        conv_kernel=cfg[keys[4]],
+    )
 
 
 def _mtp_layers(cfg: dict[str, Any]) -> int:
@@ -214,7 +275,12 @@ def _vision(cfg: dict[str, Any] | None) -> VisionSpec | None:
     if not cfg or cfg.get("vt_hidden_size") is None:
         return None
     merge = cfg.get("merge_kernel_size") or [1, 1]
-    return VisionSpec(hidden_size=cfg["vt_hidden_size"], num_layers=cfg["vt_num_hidden_layers"],
-                      intermediate_size=cfg["vt_intermediate_size"], patch_size=cfg.get("patch_size", 14),
-                      pos_emb_positions=cfg.get("init_pos_emb_height", 0) * cfg.get("init_pos_emb_width", 0),
-                      merge_tokens=merge[0] * merge[1], text_hidden_size=cfg.get("text_hidden_size", 0))
+    return VisionSpec(
+        hidden_size=cfg["vt_hidden_size"],
+        num_layers=cfg["vt_num_hidden_layers"],
+        intermediate_size=cfg["vt_intermediate_size"],
+        patch_size=cfg.get("patch_size", 14),
+        pos_emb_positions=cfg.get("init_pos_emb_height", 0) * cfg.get("init_pos_emb_width", 0),
+        merge_tokens=merge[0] * merge[1],
+        text_hidden_size=cfg.get("text_hidden_size", 0),
+    )

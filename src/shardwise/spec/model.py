@@ -121,8 +121,9 @@ class ModelSpec(Frozen):
     quant: QuantScheme | OverriddenScheme = QuantScheme()
     kv_dtype: str = Field("bf16", description="KV-cache element dtype")
     names: ModuleNames = ModuleNames()
-    remote_code: bool = Field(False, description="the checkpoint ships its own code (config auto_map): engines "
-                              "need --trust-remote-code")
+    remote_code: bool = Field(
+        False, description="the checkpoint ships its own code (config auto_map): engines need --trust-remote-code"
+    )
 
     @property
     def num_moe_layers(self) -> int:

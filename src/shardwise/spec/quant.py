@@ -42,8 +42,10 @@ class WeightFormat:
     def matrix_bytes(self, rows: int, cols: int) -> float:
         """Bytes of one (rows × cols) matrix: packed elements + scales + zero points."""
         elements_bytes = rows * cols * self.element_bits / 8
-        return elements_bytes + self._scale_count(rows, cols) * (self.scale_bits + self.zero_point_bits) / 8 + (
-            self.tensor_scale_bits / 8
+        return (
+            elements_bytes
+            + self._scale_count(rows, cols) * (self.scale_bits + self.zero_point_bits) / 8
+            + (self.tensor_scale_bits / 8)
         )
 
     def _scale_count(self, rows: int, cols: int) -> int:
@@ -78,8 +80,17 @@ FORMATS: dict[str, WeightFormat] = {
     "mxfp4": WeightFormat("mxfp4", 4, group_size=32, scale_bits=8),
     "nvfp4": WeightFormat("nvfp4", 4, group_size=16, scale_bits=8, tensor_scale_bits=64, activation_bits=4),
 }
-FORMAT_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "int4": "int4-g32",
-                  "w4a16": "int4-g32", "fp4": "nvfp4", "fp8-e4m3": "fp8", "float8": "fp8"}
+FORMAT_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "int4": "int4-g32",
+    "w4a16": "int4-g32",
+    "fp4": "nvfp4",
+    "fp8-e4m3": "fp8",
+    "float8": "fp8",
+}
 
 
 def weight_format(name: str) -> WeightFormat:
@@ -104,12 +115,22 @@ def kv_dtype_bytes(name: str) -> float:
 
 # --- which weights get which format ------------------------------------------------------------------
 
-WeightRole = Literal["embedding", "lm_head", "attention", "dense_mlp", "shared_experts", "routed_experts",
-                     "router", "norm", "bias", "linear_attention", "vision"]
+WeightRole = Literal[
+    "embedding",
+    "lm_head",
+    "attention",
+    "dense_mlp",
+    "shared_experts",
+    "routed_experts",
+    "router",
+    "norm",
+    "bias",
+    "linear_attention",
+    "vision",
+]
 # Roles that engines build as quantizable linear layers. Routers are built unquantized by the engines
 # (e.g. vLLM/SGLang DeepseekV2MoE: `ReplicatedLinear(..., quant_config=None)`), embeddings are lookups.
-LINEAR_ROLES = frozenset({"lm_head", "attention", "dense_mlp", "shared_experts", "routed_experts",
-                          "linear_attention"})
+LINEAR_ROLES = frozenset({"lm_head", "attention", "dense_mlp", "shared_experts", "routed_experts", "linear_attention"})
 
 
 @dataclass(frozen=True)
@@ -162,17 +183,27 @@ def _weights_format_from_ct(weights: dict[str, Any]) -> WeightFormat:
     if kind == "float" and bits == 8:
         if strategy == "block":
             rows, cols = weights.get("block_structure") or (128, 128)
-            return WeightFormat(f"fp8-block{rows}x{cols}", 8, block_shape=(rows, cols), scale_bits=32,
-                                activation_bits=8)
+            return WeightFormat(
+                f"fp8-block{rows}x{cols}", 8, block_shape=(rows, cols), scale_bits=32, activation_bits=8
+            )
         return FORMATS["fp8-channel"] if strategy == "channel" else FORMATS["fp8"]
     if kind == "int" and strategy == "group" and group:
-        return WeightFormat(f"int{bits}-g{group}", bits, group_size=int(group), scale_bits=16,
-                            zero_point_bits=0 if symmetric else bits)
+        return WeightFormat(
+            f"int{bits}-g{group}", bits, group_size=int(group), scale_bits=16, zero_point_bits=0 if symmetric else bits
+        )
     if kind == "int" and strategy == "channel":
-        return WeightFormat(f"int{bits}-channel", bits, per_channel=True, scale_bits=16,
-                            zero_point_bits=0 if symmetric else bits, activation_bits=bits if bits == 8 else 16)
-    raise SpecError(f"unsupported compressed-tensors weight scheme {weights!r}; "
-                    "supported: int group/channel, fp8 tensor/channel/block, fp4 group 16 or 32")
+        return WeightFormat(
+            f"int{bits}-channel",
+            bits,
+            per_channel=True,
+            scale_bits=16,
+            zero_point_bits=0 if symmetric else bits,
+            activation_bits=bits if bits == 8 else 16,
+        )
+    raise SpecError(
+        f"unsupported compressed-tensors weight scheme {weights!r}; "
+        "supported: int group/channel, fp8 tensor/channel/block, fp4 group 16 or 32"
+    )
 
 
 def _compressed_tensors(cfg: dict[str, Any]) -> QuantScheme:
@@ -180,57 +211,91 @@ def _compressed_tensors(cfg: dict[str, Any]) -> QuantScheme:
     if not groups:
         raise SpecError("quantization_config (compressed-tensors) has no config_groups")
     if len(groups) > 1:
-        raise SpecError("compressed-tensors configs with several config_groups are not supported yet; "
-                        "give a --weight-dtype override instead")
+        raise SpecError(
+            "compressed-tensors configs with several config_groups are not supported yet; "
+            "give a --weight-dtype override instead"
+        )
     group = next(iter(groups.values()))
     fmt = _weights_format_from_ct(group.get("weights") or {})
     acts = group.get("input_activations")
     if acts:
         fmt = WeightFormat(**{**fmt.__dict__, "activation_bits": int(acts.get("num_bits", 16))})
     kv = cfg.get("kv_cache_scheme")
-    return QuantScheme(method="compressed-tensors", quantized=fmt, ignore=tuple(cfg.get("ignore") or ()),
-                       match="dotted", targets=tuple(group.get("targets") or ("Linear",)),
-                       kv_dtype="fp8" if kv and int(kv.get("num_bits", 16)) == 8 else None, raw=cfg)
+    return QuantScheme(
+        method="compressed-tensors",
+        quantized=fmt,
+        ignore=tuple(cfg.get("ignore") or ()),
+        match="dotted",
+        targets=tuple(group.get("targets") or ("Linear",)),
+        kv_dtype="fp8" if kv and int(kv.get("num_bits", 16)) == 8 else None,
+        raw=cfg,
+    )
 
 
 def _fp8(cfg: dict[str, Any]) -> QuantScheme:
     block = cfg.get("weight_block_size")
     if block:
-        fmt = WeightFormat(f"fp8-block{block[0]}x{block[1]}" if tuple(block) != (128, 128) else "fp8-block",
-                           8, block_shape=(int(block[0]), int(block[1])), scale_bits=32, activation_bits=8)
+        fmt = WeightFormat(
+            f"fp8-block{block[0]}x{block[1]}" if tuple(block) != (128, 128) else "fp8-block",
+            8,
+            block_shape=(int(block[0]), int(block[1])),
+            scale_bits=32,
+            activation_bits=8,
+        )
     else:
         fmt = FORMATS["fp8"]
     ignore = tuple(cfg.get("modules_to_not_convert") or cfg.get("ignored_layers") or ())
-    return QuantScheme(method="fp8", quantized=fmt, ignore=ignore, match="dotted", exclude_lm_head=True,
-                       raw=cfg)
+    return QuantScheme(method="fp8", quantized=fmt, ignore=ignore, match="dotted", exclude_lm_head=True, raw=cfg)
 
 
 def _mxfp4(cfg: dict[str, Any]) -> QuantScheme:
-    return QuantScheme(method="mxfp4", quantized=FORMATS["mxfp4"],
-                       ignore=tuple(cfg.get("modules_to_not_convert") or ()), match="glob", raw=cfg)
+    return QuantScheme(
+        method="mxfp4",
+        quantized=FORMATS["mxfp4"],
+        ignore=tuple(cfg.get("modules_to_not_convert") or ()),
+        match="glob",
+        raw=cfg,
+    )
 
 
 def _modelopt(cfg: dict[str, Any]) -> QuantScheme:
     inner = cfg.get("quantization", cfg)
     algo = str(inner.get("quant_algo", "")).upper()
-    formats = {"NVFP4": FORMATS["nvfp4"], "FP8": FORMATS["fp8"], "FP8_BLOCK_SCALES": FORMATS["fp8-block"],
-               "MXFP4": FORMATS["mxfp4"]}
+    formats = {
+        "NVFP4": FORMATS["nvfp4"],
+        "FP8": FORMATS["fp8"],
+        "FP8_BLOCK_SCALES": FORMATS["fp8-block"],
+        "MXFP4": FORMATS["mxfp4"],
+    }
     if algo not in formats:
         raise SpecError(f"unsupported ModelOpt quant_algo {algo or 'missing'!r}; supported: {', '.join(formats)}")
     ignore = tuple(inner.get("exclude_modules") or inner.get("ignore") or ())
     kv_scheme = inner.get("kv_cache_scheme") or {}
     kv_fp8 = str(inner.get("kv_cache_quant_algo") or "").upper() == "FP8" or kv_scheme.get("num_bits") == 8
-    return QuantScheme(method="modelopt", quantized=formats[algo], ignore=ignore, match="glob",
-                       kv_dtype="fp8" if kv_fp8 else None, raw=cfg)
+    return QuantScheme(
+        method="modelopt",
+        quantized=formats[algo],
+        ignore=ignore,
+        match="glob",
+        kv_dtype="fp8" if kv_fp8 else None,
+        raw=cfg,
+    )
 
 
 def _awq_gptq(cfg: dict[str, Any], method: str) -> QuantScheme:
     bits, group = int(cfg.get("bits", cfg.get("w_bit", 4))), int(cfg.get("group_size", cfg.get("q_group_size", 128)))
     symmetric = bool(cfg.get("sym", False)) if method == "gptq" else not cfg.get("zero_point", True)
-    fmt = WeightFormat(f"int{bits}-g{group}", bits, group_size=group, scale_bits=16,
-                       zero_point_bits=0 if symmetric else bits)
-    return QuantScheme(method=method, quantized=fmt, ignore=tuple(cfg.get("modules_to_not_convert") or ()),
-                       match="dotted", exclude_lm_head=True, raw=cfg)  # type: ignore[arg-type]
+    fmt = WeightFormat(
+        f"int{bits}-g{group}", bits, group_size=group, scale_bits=16, zero_point_bits=0 if symmetric else bits
+    )
+    return QuantScheme(
+        method=method,
+        quantized=fmt,
+        ignore=tuple(cfg.get("modules_to_not_convert") or ()),
+        match="dotted",
+        exclude_lm_head=True,
+        raw=cfg,
+    )  # type: ignore[arg-type]
 
 
 def scheme_from_config(cfg: dict[str, Any] | None) -> QuantScheme:
@@ -250,8 +315,10 @@ def scheme_from_config(cfg: dict[str, Any] | None) -> QuantScheme:
         return _modelopt(cfg)
     if method in ("awq", "gptq"):
         return _awq_gptq(cfg, method)
-    raise SpecError(f"unsupported quant_method {method or 'missing'!r} in quantization_config; supported: "
-                    "compressed-tensors, fp8, mxfp4, modelopt, awq, gptq (or override with --weight-dtype)")
+    raise SpecError(
+        f"unsupported quant_method {method or 'missing'!r} in quantization_config; supported: "
+        "compressed-tensors, fp8, mxfp4, modelopt, awq, gptq (or override with --weight-dtype)"
+    )
 
 
 OVERRIDE_GROUPS = {

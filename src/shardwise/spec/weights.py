@@ -102,14 +102,19 @@ def weight_ledger(model: ModelSpec) -> WeightLedger:
     for w in model_weights(model):
         groups.setdefault(w.component, []).append(w)
     components = tuple(
-        Component(name=name, params=sum(w.params for w in ws), bytes=sum(w.bytes for w in ws),
-                  active_params=sum(w.params * w.active_fraction for w in ws),
-                  formats=tuple(dict.fromkeys(w.format.name for w in ws if w.format)))
+        Component(
+            name=name,
+            params=sum(w.params for w in ws),
+            bytes=sum(w.bytes for w in ws),
+            active_params=sum(w.params * w.active_fraction for w in ws),
+            formats=tuple(dict.fromkeys(w.format.name for w in ws if w.format)),
+        )
         for name, ws in groups.items()
     )
     mtp = model_weights(model, mtp=True)
-    return WeightLedger(components=components, mtp_params=sum(w.params for w in mtp),
-                        mtp_bytes=sum(w.bytes for w in mtp))
+    return WeightLedger(
+        components=components, mtp_params=sum(w.params for w in mtp), mtp_bytes=sum(w.bytes for w in mtp)
+    )
 
 
 def _all_weights(model: ModelSpec) -> Iterator[Weight]:
@@ -153,11 +158,17 @@ def _mla_weights(model: ModelSpec, layer: int, base: str) -> Iterator[Weight]:
         yield Weight("attn.q_b", "attention", f"{p}.q_b_proj", (q_width, mla.q_lora_rank), layer)
     else:
         yield Weight("attn.q", "attention", f"{p}.q_proj", (q_width, h), layer)
-    yield Weight("attn.kv_a", "attention", f"{p}.kv_a_proj_with_mqa", (mla.kv_lora_rank + mla.qk_rope_head_dim, h),
-                 layer)
+    yield Weight(
+        "attn.kv_a", "attention", f"{p}.kv_a_proj_with_mqa", (mla.kv_lora_rank + mla.qk_rope_head_dim, h), layer
+    )
     yield Weight("norms", "norm", f"{p}.kv_a_layernorm", (mla.kv_lora_rank,), layer)
-    yield Weight("attn.kv_b", "attention", f"{p}.kv_b_proj",
-                 (att.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank), layer)
+    yield Weight(
+        "attn.kv_b",
+        "attention",
+        f"{p}.kv_b_proj",
+        (att.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
+        layer,
+    )
     yield Weight("attn.o", "attention", f"{p}.o_proj", (h, att.num_heads * mla.v_head_dim), layer)
 
 
@@ -186,18 +197,29 @@ def _linear_attention_weights(model: ModelSpec, layer: int, base: str) -> Iterat
     assert lin is not None
     p = f"{base}.{model.names.linear_attention}"
     key_dim, value_dim = lin.num_key_heads * lin.key_head_dim, lin.num_value_heads * lin.value_head_dim
-    yield Weight("linear_attn.in_proj", "linear_attention", f"{p}.in_proj_qkvz", (2 * key_dim + 2 * value_dim, h), layer)
+    yield Weight(
+        "linear_attn.in_proj", "linear_attention", f"{p}.in_proj_qkvz", (2 * key_dim + 2 * value_dim, h), layer
+    )
     yield Weight("linear_attn.in_proj", "linear_attention", f"{p}.in_proj_ba", (2 * lin.num_value_heads, h), layer)
-    yield Weight("linear_attn.conv1d", "linear_attention", f"{p}.conv1d", ((2 * key_dim + value_dim) * lin.conv_kernel,),
-                 layer)
+    yield Weight(
+        "linear_attn.conv1d", "linear_attention", f"{p}.conv1d", ((2 * key_dim + value_dim) * lin.conv_kernel,), layer
+    )
     yield Weight("linear_attn.decay", "linear_attention", f"{p}.A_log", (2 * lin.num_value_heads,), layer)  # + dt_bias
     yield Weight("norms", "norm", f"{p}.norm", (lin.value_head_dim,), layer)
     yield Weight("linear_attn.out_proj", "linear_attention", f"{p}.out_proj", (h, value_dim), layer)
 
 
-def _swiglu(component: str, role: str, prefix: str, inner: int, h: int, layer: int | None,
-            names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), count: int = 1,
-            active: float = 1.0) -> Iterator[Weight]:
+def _swiglu(
+    component: str,
+    role: str,
+    prefix: str,
+    inner: int,
+    h: int,
+    layer: int | None,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    count: int = 1,
+    active: float = 1.0,
+) -> Iterator[Weight]:
     gate, up, down = names
     yield Weight(component, role, f"{prefix}.{gate}", (inner, h), layer, count, active)
     yield Weight(component, role, f"{prefix}.{up}", (inner, h), layer, count, active)
@@ -209,18 +231,41 @@ def _moe_weights(model: ModelSpec, layer: int, base: str) -> Iterator[Weight]:
     assert moe is not None
     active = moe.top_k / moe.num_experts
     experts = f"{base}.{n.experts.format(expert=0)}"
-    yield from _swiglu("routed_experts", "routed_experts", experts, moe.expert_intermediate_size, h, layer,
-                       n.expert_projections, moe.num_experts, active)
+    yield from _swiglu(
+        "routed_experts",
+        "routed_experts",
+        experts,
+        moe.expert_intermediate_size,
+        h,
+        layer,
+        n.expert_projections,
+        moe.num_experts,
+        active,
+    )
     if moe.expert_bias:
-        yield Weight("routed_experts", "routed_experts", f"{experts}.bias",
-                     (2 * moe.expert_intermediate_size + h,), layer, moe.num_experts, active)
+        yield Weight(
+            "routed_experts",
+            "routed_experts",
+            f"{experts}.bias",
+            (2 * moe.expert_intermediate_size + h,),
+            layer,
+            moe.num_experts,
+            active,
+        )
     yield Weight("router", "router", f"{base}.{n.router}", (moe.num_experts, h), layer)
     extra_bias = int(moe.router_bias) + int(moe.score_correction_bias)
     if extra_bias:
         yield Weight("router", "router", f"{base}.{n.router}.bias", (extra_bias * moe.num_experts,), layer)
     if moe.num_shared_experts:
-        yield from _swiglu("shared_experts", "shared_experts", f"{base}.{n.shared_experts}",
-                           moe.shared_intermediate_size, h, layer, count=moe.num_shared_experts)
+        yield from _swiglu(
+            "shared_experts",
+            "shared_experts",
+            f"{base}.{n.shared_experts}",
+            moe.shared_intermediate_size,
+            h,
+            layer,
+            count=moe.num_shared_experts,
+        )
         if moe.shared_expert_gate:
             yield Weight("shared_experts", "shared_experts", f"{base}.mlp.shared_expert_gate", (1, h), layer)
 
@@ -235,8 +280,9 @@ def _vision_weights(model: ModelSpec) -> Iterator[Weight]:
     embed = 3 * v.patch_size**2 * d + d + v.pos_emb_positions * d
     merged = d * v.merge_tokens
     projector = 2 * d + merged * merged + merged + merged * v.text_hidden_size + v.text_hidden_size
-    yield Weight("vision", "vision", "vision_tower", (v.num_layers * per_layer + embed + projector,), None,
-                 active_fraction=0.0)
+    yield Weight(
+        "vision", "vision", "vision_tower", (v.num_layers * per_layer + embed + projector,), None, active_fraction=0.0
+    )
 
 
 def _mtp_weights(model: ModelSpec) -> list[Weight]:
@@ -248,7 +294,9 @@ def _mtp_weights(model: ModelSpec) -> list[Weight]:
         layer = model.num_layers + k
         weights.extend(Weight(**{**w.__dict__, "layer": layer}) for w in _layer_weights(model, last))
         weights.append(Weight("mtp", "attention", f"model.layers.{layer}.eh_proj", (h, 2 * h), layer))
-        weights.append(Weight("norms", "norm", f"model.layers.{layer}.enorm", (3 * h,), layer))  # enorm, hnorm, head norm
+        weights.append(
+            Weight("norms", "norm", f"model.layers.{layer}.enorm", (3 * h,), layer)
+        )  # enorm, hnorm, head norm
     return weights
 
 
