@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from shardwise.cost.comm import CollectiveCost, collective_cost
+from shardwise.cost.memory import memory_ledger
 from shardwise.engines.base import engine_names, get_engine
 from shardwise.engines.check import check_command, model_reference
 from shardwise.engines.check import layouts as list_layouts
@@ -136,26 +137,33 @@ def check(
     ] = None,
     gpus: GpusOption = DEFAULT_CLUSTER,
     engine_version: VersionOption = None,
+    isl: Annotated[
+        int, typer.Option(min=1, help="Input tokens per request, for the concurrency the KV cache holds.")
+    ] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
     json: JsonFlag = False,
 ) -> None:
-    """Will this launch command start, and how? Give the command after --. Exit 1 if the engine would refuse it."""
+    """Will this launch command start, and how? Give the command after --. Exit 1 if it would not start."""
     if not ctx.args:
         raise SpecError(
             "give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
             "--model-path moonshotai/Kimi-K2.6 --tp 8"
         )
-    checked = check_command(ctx.args, cluster=load_cluster(gpus), model=model, version=engine_version)
+    cluster_spec = load_cluster(gpus)
+    checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
     setup = checked.setup
-    launch = None
-    if setup.valid:
+    launch, memory = None, None
+    if setup.layout is not None:
         launch = get_engine(setup.engine).launch_command(
             setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
         )
+        memory = memory_ledger(checked.model, setup.layout, cluster_spec)
     if json:
-        typer.echo(report_json.dumps(report_setups.check_payload(setup, checked.model, launch)))
+        payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
+        typer.echo(report_json.dumps(payload))
     else:
-        report_table.print_renderable(report_setups.check_view(setup, checked.model))
-    if not setup.valid:
+        report_table.print_renderable(report_setups.check_view(setup, checked.model, memory, isl=isl, osl=osl))
+    if report_setups.verdict(setup, memory) != "ok":
         raise typer.Exit(1)
 
 
@@ -165,29 +173,37 @@ def layouts(
     gpus: GpusOption = DEFAULT_CLUSTER,
     framework: Annotated[str, typer.Option(help="sglang, vllm or all.")] = "sglang",
     engine_version: VersionOption = None,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request, for the concurrency that fits.")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
     json: JsonFlag = False,
 ) -> None:
-    """Every layout the engine accepts for the model on all of the cluster's GPUs, with its launch command."""
+    """Every layout the engine accepts on all of the cluster's GPUs: memory verdict, KV capacity, launch command."""
     engines = engine_names() if framework == "all" else [framework]
     cluster_spec = load_cluster(gpus)
-    spec = None
+    spec = load_model(model)
+    payload = []
     for name in engines:
         found = list_layouts(model, cluster_spec, engine=name, version=None if framework == "all" else engine_version)
-        spec = spec or (load_model(model) if found else None)
+        engine = get_engine(name)
         rows = [
             (
                 s,
-                get_engine(name).launch_command(
-                    s, model_ref=model_reference(model), remote_code=bool(spec and spec.remote_code)
-                ),
+                engine.launch_command(s, model_ref=model_reference(model), remote_code=spec.remote_code),
+                memory_ledger(spec, s.layout, cluster_spec),
             )
             for s in found
+            if s.layout is not None
         ]
         if json:
-            typer.echo(report_json.dumps(report_setups.layouts_payload(rows, spec) if spec else []))
+            payload += report_setups.layouts_payload(rows, spec, isl=isl, osl=osl)
         else:
-            title = f"{len(rows)} valid {name} layouts of {model} on {cluster_spec.name}"
-            report_table.print_renderable(report_setups.layouts_table(rows, title=title))
+            fitting = sum(memory.verdict == "ok" for _, _, memory in rows)
+            title = (
+                f"{len(rows)} {name} layouts of {model} on {cluster_spec.name} start; {fitting} of them fit in memory"
+            )
+            report_table.print_renderable(report_setups.layouts_table(rows, title=title, isl=isl, osl=osl))
+    if json:
+        typer.echo(report_json.dumps(payload))
 
 
 def main() -> None:

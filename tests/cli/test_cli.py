@@ -118,9 +118,37 @@ def test_check_json_for_a_valid_and_an_invalid_command():
     assert {"verdict", "gpus_used", "gpus_available", "reason", "effective_flags"} <= set(data)
 
 
-def test_check_warns_about_idle_gpus():
+def test_check_tp4_ep2_is_an_oom_on_half_the_gpus():
     result = runner.invoke(app, ["check", "--", *LAUNCH, "--tp-size", "4", "--ep-size", "2"])
-    assert result.exit_code == 0 and "uses 4 of 8 GPUs" in result.stdout
+    assert result.exit_code == 1
+    assert "uses 4 of 8 GPUs" in result.stdout and result.stdout.startswith("oom")
+    data = json.loads(runner.invoke(app, ["check", "--json", "--", *LAUNCH, "--tp-size", "4", "--ep-size", "2"]).stdout)
+    assert data["verdict"] == "oom" and data["gpus_used"] == 4
+    gpu0 = data["memory"]["per_gpu"][0]
+    assert {"gpu", "weights_bytes", "kv_bytes", "other_bytes", "free_bytes"} <= set(gpu0)
+    assert gpu0["weights_bytes"] > gpu0["capacity_bytes"]
+
+
+def test_check_memory_json_for_a_fitting_setup():
+    args = [
+        "check",
+        "--json",
+        "--isl",
+        "2000",
+        "--osl",
+        "500",
+        "--",
+        *LAUNCH,
+        "--tp",
+        "8",
+        "--mem-fraction-static",
+        "0.93",
+    ]
+    data = json.loads(runner.invoke(app, args).stdout)
+    memory = data["memory"]
+    assert data["verdict"] == "ok" and memory["kv_tokens"] > 100_000
+    assert memory["max_concurrency"] == memory["kv_tokens"] // 2500
+    assert {"kv_tokens", "max_concurrency", "per_gpu"} <= set(memory)
 
 
 def test_check_needs_a_command():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from shardwise.hardware.load import collective_tables, gpus, links, sources
+from shardwise.hardware.load import collective_tables, gpus, links, runtime, sources
 from shardwise.hardware.profile import Fact, Quantity
 
 DIMENSIONS = {
@@ -22,6 +22,10 @@ DIMENSIONS = {
     "p2p_off_latency": "s",
     "tensor_dense": "flop_per_s",
     "gemm_measured": "flop_per_s",
+    "non_torch_single_gpu": "bytes",
+    "non_torch_multi_gpu": "bytes",
+    "deepep_buffers": "bytes",
+    "vlm_cache": "bytes",
 }
 
 
@@ -35,7 +39,7 @@ def _figures(profile):
 
 
 def _all_figures():
-    for profile in [*gpus().values(), *links().values()]:
+    for profile in [*gpus().values(), *links().values(), runtime()]:
         for where, field, figure in _figures(profile):
             yield f"{profile.name}.{where}", field, figure
 

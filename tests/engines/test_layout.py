@@ -77,6 +77,8 @@ def test_describe():
     assert sglang().describe() == "TP8"
     assert sglang(moe_ep=8).describe() == "TP8 EP8"
     assert sglang(moe_ep=4).describe() == "TP8 EP4×TP2"
-    assert sglang(attn_dp=8, moe_ep=8).describe() == "DP8 EP8"
+    assert sglang(attn_dp=8, moe_ep=8).describe() == "DP8 EP8 dense-TP8"  # dense layers still over all 8 GPUs
+    assert sglang(attn_dp=8, moe_ep=8, dense_tp=1).describe() == "DP8 EP8"
+    assert sglang(dense_tp=1).describe() == "TP8 dense-TP1"
     assert sglang(stage_gpus=1, pp=8).describe() == "PP8"
     assert sglang(stage_gpus=4, replicas=2).describe() == "2× TP4"

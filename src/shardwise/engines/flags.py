@@ -72,6 +72,7 @@ class FlagTable(Frozen):
         (), description="launchers that take the model as first positional and rewrite it to model_flag"
     )
     model_flag: str = "--model-path"
+    breakable_prefill_multimodal: tuple[str, ...] = ()
 
 
 @cache

@@ -42,6 +42,18 @@ class EngineOptions(Frozen):
     chunked_prefill_tokens: int | None = None
     max_running_requests: int | None = None
     memory_fraction: float | None = Field(None, description="SGLang mem_fraction_static / vLLM gpu_memory_utilization")
+    memory_fraction_of: Literal["free_at_start", "total"] = Field(
+        "free_at_start",
+        description="what the fraction multiplies: memory free before weights load (SGLang) or "
+        "the GPU's total memory (vLLM)",
+    )
+    activations_in_budget: bool = Field(
+        False,
+        description="activation peak and CUDA-graph memory come out of the fraction (vLLM), not out of the "
+        "rest (SGLang)",
+    )
+    prefill_cuda_graph: bool = False
+    max_model_len: int | None = Field(None, description="longest request the engine must be able to hold (vLLM)")
     page_size: int | None = None
     spec: SpecDecode | None = None
 
@@ -70,6 +82,11 @@ class Layout(Frozen):
     )
     a2a_backend: str = "none"
     dp_outside_pp: bool = Field(False, description="rank order: vLLM puts DP outside PP, SGLang PP outside TP")
+    pp_extra_layers: Literal["last", "before_last"] = Field(
+        "last",
+        description="which stages take the remainder layers: the last ones (SGLang) or those before the "
+        "last stage (vLLM, which keeps lm_head alone on the last)",
+    )
     options: EngineOptions = EngineOptions()
 
     @computed_field  # type: ignore[prop-decorator]
@@ -113,6 +130,8 @@ class Layout(Frozen):
             parts.append(f"EP{self.moe_ep}" + (f"×TP{m_tp}" if m_tp > 1 else ""))
         elif m_tp != a_tp:
             parts.append(f"MoE-TP{m_tp}")
+        if self.dense_tp != a_tp:
+            parts.append(f"dense-TP{self.dense_tp}")  # dense MLP split unlike attention (--moe-dense-tp-size)
         parts += [f"{name}{n}" for name, n in (("PP", self.pp), ("CP", self.attn_cp), ("DCP", self.dcp)) if n > 1]
         name = " ".join(parts)
         return f"{self.replicas}× {name}" if self.replicas > 1 else name

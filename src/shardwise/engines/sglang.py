@@ -14,6 +14,7 @@ from packaging.version import Version
 from shardwise.engines.base import Context, Note, Rejection, Setup, divisors, register_engine, run_rules
 from shardwise.engines.flags import EngineArgError, flag_table, parse_flags, parse_version, render_command
 from shardwise.engines.layout import EngineOptions, Layout, SpecDecode
+from shardwise.engines.sglang_memory import auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -106,6 +107,7 @@ def _scheduling(f: dict[str, Any], tier: dict[str, Any], version: Version) -> li
     notes = []
     if f.get("chunked_prefill_size") is None:
         f["chunked_prefill_size"] = tier["chunked_prefill_size"]
+    f["chunked_prefill_undivided"] = f["chunked_prefill_size"]  # the memory rule reads it before the DP split
     if f["attn_dp_size"] > 1:
         f["chunked_prefill_size"] //= f["attn_dp_size"]
         notes.append(
@@ -153,8 +155,26 @@ def _speculative(f: dict[str, Any], version: Version) -> list[Note]:
     return notes
 
 
+def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:
+    f["prefill_cuda_graph"] = prefill_graph_on(f, model, version)
+    if f.get("mem_fraction_static") is not None:
+        return []
+    gpu_mem_mib = cluster.gpu.memory_bytes / 2**20
+    fraction, reserved = auto_mem_fraction(f, model=model, gpu_mem_mib=gpu_mem_mib, version=version)
+    f["mem_fraction_static"] = fraction
+    vlm = f" × {vlm_factor(model):.2f} for a multimodal model" if model.vision else ""
+    return [
+        Note(
+            kind="rewrite",
+            message=f"--mem-fraction-static defaults to {fraction:.3f}: ({gpu_mem_mib:,.0f} − "
+            f"{reserved:,.0f} MiB reserved for activations, CUDA graphs and slack) / {gpu_mem_mib:,.0f} MiB{vlm}",
+            source=f"sglang {version} arg_groups/memory_hook.py handle_gpu_memory_settings",
+        )
+    ]
+
+
 def effective_flags(
-    given: dict[str, Any], *, version: Version, cluster: ClusterSpec
+    given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
 ) -> tuple[dict[str, Any], list[Note]]:
     """The configuration SGLang runs: defaults filled in and its silent rewrites applied, each with a note."""
     table = flag_table("sglang")
@@ -169,6 +189,7 @@ def effective_flags(
         *_scheduling(f, tier, version),
         *_speculative(f, version),
     ]
+    notes += _memory(f, model, cluster, version)
     return f, notes
 
 
@@ -194,6 +215,8 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
         chunked_prefill_tokens=f.get("chunked_prefill_size"),
         max_running_requests=f.get("max_running_requests"),
         memory_fraction=f.get("mem_fraction_static"),
+        memory_fraction_of="free_at_start",
+        prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),
         page_size=f["page_size"],
         spec=spec,
     )
@@ -253,7 +276,7 @@ class SGLang:
         version: Version,
         env: dict[str, str] | None = None,
     ) -> Setup:
-        flags, notes = effective_flags(given, version=version, cluster=cluster)
+        flags, notes = effective_flags(given, version=version, cluster=cluster, model=model)
         available = gpus_available(cluster, flags, env or {})
         ctx = Context(
             flags=flags,

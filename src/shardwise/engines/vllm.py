@@ -240,6 +240,9 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         chunked_prefill_tokens=f["max_num_batched_tokens"],
         max_running_requests=f["max_num_seqs"],
         memory_fraction=f["gpu_memory_utilization"],
+        memory_fraction_of="total",
+        activations_in_budget=True,
+        max_model_len=f.get("max_model_len") or model.max_position_embeddings,
         page_size=f.get("block_size"),
         spec=spec,
     )
@@ -261,6 +264,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         moe_comm=comm,
         a2a_backend=backend,
         dp_outside_pp=True,
+        pp_extra_layers="before_last",
         options=options,
     )
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from shardwise.errors import DataError, SpecError
 from shardwise.hardware.collectives import CollectiveTables
-from shardwise.hardware.profile import GpuProfile, LinkProfile
+from shardwise.hardware.profile import GpuProfile, LinkProfile, RuntimeProfile
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -66,6 +66,13 @@ def links() -> dict[str, LinkProfile]:
 @cache
 def collective_tables() -> tuple[CollectiveTables, ...]:
     return tuple(_load_folder("collectives", CollectiveTables).values())
+
+
+@cache
+def runtime() -> RuntimeProfile:
+    """Per-GPU memory of the CUDA stack and communication buffers."""
+    path = data_dir() / "runtime.yaml"
+    return validate(RuntimeProfile, read_yaml(path), origin=str(path))
 
 
 @cache

@@ -133,3 +133,13 @@ class LinkProfile(Frozen):
         """Per-step latency for the α–β model; the point-to-point latency where no collective figure exists."""
         chosen = self.collective_step_latency or self.latency
         return chosen.si("s") if chosen else 0.0
+
+
+class RuntimeProfile(Frozen):
+    """Memory the CUDA stack and the engines' communication take on each GPU (data/hardware/runtime.yaml)."""
+
+    name: str
+    non_torch_single_gpu: Quantity
+    non_torch_multi_gpu: Quantity
+    deepep_buffers: Quantity
+    vlm_cache: Quantity

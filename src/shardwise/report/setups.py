@@ -8,14 +8,41 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from shardwise.cost.memory import MemoryLedger
 from shardwise.engines.base import Setup
 from shardwise.engines.flags import command_text
 from shardwise.engines.layout import Layout, comm_steps, groups, splits
 from shardwise.spec.model import ModelSpec
 
+GiB = 2**30
 
-def verdict(setup: Setup) -> str:
-    return "ok" if setup.valid else "invalid"
+
+def verdict(setup: Setup, memory: MemoryLedger | None = None) -> str:
+    """invalid (the engine refuses the flags), oom (weights do not load), no_kv_room, or ok."""
+    if not setup.valid:
+        return "invalid"
+    return memory.verdict if memory else "ok"
+
+
+def memory_payload(memory: MemoryLedger, *, isl: int, osl: int) -> dict[str, Any]:
+    return {
+        "verdict": memory.verdict,
+        "reason": memory.reason,
+        "engine_error": memory.engine_error,
+        "per_gpu": [
+            {**row.model_dump(), "other_bytes": row.other_bytes, "free_bytes": row.free_bytes} for row in memory.per_gpu
+        ],
+        "weights_by_component_bytes": memory.weights_by_component_bytes,
+        "kv_bytes_per_token_per_gpu": memory.kv_bytes_per_token,
+        "kv_tokens_per_rank": memory.kv_tokens_per_rank,
+        "kv_tokens": memory.kv_tokens_total,
+        "kv_pools": memory.ranks,
+        "max_running_requests_per_rank": memory.max_running_requests_per_rank,
+        "isl": isl,
+        "osl": osl,
+        "max_concurrency": memory.max_concurrency(isl=isl, osl=osl),
+        "warnings": list(memory.warnings),
+    }
 
 
 def layout_payload(layout: Layout, model: ModelSpec) -> dict[str, Any]:
@@ -28,17 +55,27 @@ def layout_payload(layout: Layout, model: ModelSpec) -> dict[str, Any]:
     }
 
 
-def check_payload(setup: Setup, model: ModelSpec, launch: list[str] | None) -> dict[str, Any]:
+def check_payload(
+    setup: Setup,
+    model: ModelSpec,
+    launch: list[str] | None,
+    memory: MemoryLedger | None = None,
+    *,
+    isl: int = 1024,
+    osl: int = 1024,
+) -> dict[str, Any]:
     first = setup.rejections[0] if setup.rejections else None
+    reason = first.reason if first else (memory.reason if memory else None)
+    error = first.engine_error if first else (memory.engine_error if memory else None)
     return {
-        "verdict": verdict(setup),
+        "verdict": verdict(setup, memory),
         "engine": setup.engine,
         "version": setup.version,
         "model": model.name,
         "gpus_used": setup.gpus_used,
         "gpus_available": setup.gpus_available,
-        "reason": first.reason if first else None,
-        "engine_error": first.engine_error if first else None,
+        "reason": reason,
+        "engine_error": error,
         "rejections": [r.model_dump() for r in setup.rejections],
         "warnings": [n.message for n in setup.notes if n.kind == "warning"],
         "rewrites": [n.model_dump() for n in setup.notes if n.kind != "warning"],
@@ -46,12 +83,20 @@ def check_payload(setup: Setup, model: ModelSpec, launch: list[str] | None) -> d
         "effective_flags": setup.flags,
         "layout": layout_payload(setup.layout, model) if setup.layout else None,
         "launch_command": command_text(launch) if launch else None,
+        "memory": memory_payload(memory, isl=isl, osl=osl) if memory else None,
     }
 
 
-def check_view(setup: Setup, model: ModelSpec) -> Group:
+def check_view(
+    setup: Setup, model: ModelSpec, memory: MemoryLedger | None = None, *, isl: int = 1024, osl: int = 1024
+) -> Group:
     parts: list[Any] = []
-    if setup.valid:
+    if memory and memory.verdict != "ok":
+        head = Text(memory.verdict.replace("_", " "), style="bold red")
+        head.append(
+            f"  {setup.engine} {setup.version} accepts the flags but will not start: {memory.reason}", style="default"
+        )
+    elif setup.valid:
         head = Text("ok", style="bold green")
         head.append(
             f"  {setup.engine} {setup.version} starts this on {setup.gpus_used} of {setup.gpus_available} GPUs"
@@ -70,10 +115,57 @@ def check_view(setup: Setup, model: ModelSpec) -> Group:
     for note in setup.notes:
         style = "yellow" if note.kind == "warning" else "cyan"
         parts.append(Text(f"  {'!' if note.kind == 'warning' else '→'} {note.message}", style=style))
+    if memory:
+        if memory.engine_error:
+            parts.append(Text(f"    the engine says: {memory.engine_error}", style="dim"))
+        parts.extend(Text(f"  ! {w}", style="yellow") for w in memory.warnings)
+        parts.append(_memory_table(memory))
+        if memory.verdict == "ok":
+            parts.append(_kv_summary(memory, isl=isl, osl=osl))
     if setup.layout:
         parts.append(_placement_table(setup.layout, model))
         parts.append(_collectives_table(setup.layout, model))
     return Group(*parts)
+
+
+def _memory_table(memory: MemoryLedger) -> Table:
+    table = Table(title="memory per GPU (GiB = 2^30 bytes)", title_justify="left")
+    for col in ("GPU", "stage", "capacity", "weights", "KV cache", "runtime", "activations", "CUDA graphs", "free"):
+        table.add_column(col, justify="right")
+    rows = memory.per_gpu
+    shown = rows if len(rows) <= 16 else [r for r in rows if r.gpu % max(1, len(rows) // 8) == 0]
+    for r in shown:
+        table.add_row(
+            str(r.gpu),
+            str(r.stage),
+            *(
+                f"{v / GiB:,.2f}"
+                for v in (
+                    r.capacity_bytes,
+                    r.weights_bytes,
+                    r.kv_bytes,
+                    r.runtime_bytes,
+                    r.activation_bytes,
+                    r.cuda_graph_bytes,
+                    r.free_bytes,
+                )
+            ),
+        )
+    return table
+
+
+def _kv_summary(memory: MemoryLedger, *, isl: int, osl: int) -> Text:
+    pools = f" in each of {memory.ranks} pools ({memory.kv_tokens_total:,} in all)" if memory.ranks > 1 else ""
+    slots = (
+        f", at most {memory.max_running_requests_per_rank:,} running per pool"
+        if memory.max_running_requests_per_rank
+        else ""
+    )
+    return Text(
+        f"  KV cache: {memory.kv_tokens_per_rank:,} tokens{pools} at {memory.kv_bytes_per_token:,.0f} B per "
+        f"token per GPU{slots}; {memory.max_concurrency(isl=isl, osl=osl):,} requests of {isl} + {osl} tokens "
+        "fit at once"
+    )
 
 
 def _placement_table(layout: Layout, model: ModelSpec) -> Table:
@@ -112,26 +204,44 @@ def _collectives_table(layout: Layout, model: ModelSpec) -> Table:
     return table
 
 
-def layouts_payload(rows: list[tuple[Setup, list[str]]], model: ModelSpec) -> list[dict[str, Any]]:
+def layouts_payload(
+    rows: list[tuple[Setup, list[str], MemoryLedger]], model: ModelSpec, *, isl: int, osl: int
+) -> list[dict[str, Any]]:
     return [
         {
             "engine": s.engine,
             "version": s.version,
+            "verdict": verdict(s, memory),
             "layout": layout_payload(s.layout, model) if s.layout else None,
             "launch_command": command_text(cmd),
             "notes": [n.message for n in s.notes],
+            "memory": memory_payload(memory, isl=isl, osl=osl),
         }
-        for s, cmd in rows
+        for s, cmd, memory in rows
     ]
 
 
-def layouts_table(rows: list[tuple[Setup, list[str]]], *, title: str) -> Table:
+def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: str, isl: int, osl: int) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("#", "layout", "attention TP×DP", "MoE EP×TP", "PP", "copies", "launch command"):
-        table.add_column(col, justify="right" if col in ("#", "PP", "copies") else "left", overflow="fold")
-    for i, (setup, cmd) in enumerate(rows, 1):
+    columns = (
+        "#",
+        "layout",
+        "attention TP×DP",
+        "MoE EP×TP",
+        "PP",
+        "copies",
+        "memory",
+        "KV tokens",
+        f"fit at {isl}+{osl}",
+        "launch command",
+    )
+    for col in columns:
+        right = col in ("#", "PP", "copies", "KV tokens") or col.startswith("fit")
+        table.add_column(col, justify="right" if right else "left", overflow="fold")
+    for i, (setup, cmd, memory) in enumerate(rows, 1):
         lay = setup.layout
         assert lay is not None
+        fits = memory.verdict == "ok"
         table.add_row(
             str(i),
             lay.describe(),
@@ -139,6 +249,9 @@ def layouts_table(rows: list[tuple[Setup, list[str]]], *, title: str) -> Table:
             f"{lay.moe_ep}×{lay.moe_tp}",
             str(lay.pp),
             str(lay.replicas),
+            Text(memory.verdict, style="green" if fits else "red"),
+            f"{memory.kv_tokens_total:,}" if fits else "—",
+            f"{memory.max_concurrency(isl=isl, osl=osl):,}" if fits else "—",
             command_text(cmd),
         )
     return table

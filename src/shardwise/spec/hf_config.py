@@ -118,6 +118,7 @@ def model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     return ModelSpec(
         name=name,
         architecture=arch,
+        wrapper_architecture=outer_arch if "text_config" in config or outer_arch in WRAPPERS else None,
         family=family.name,
         generic=generic,
         hidden_size=int(text["hidden_size"]),
@@ -283,4 +284,6 @@ def _vision(cfg: dict[str, Any] | None) -> VisionSpec | None:
         pos_emb_positions=cfg.get("init_pos_emb_height", 0) * cfg.get("init_pos_emb_width", 0),
         merge_tokens=merge[0] * merge[1],
         text_hidden_size=cfg.get("text_hidden_size", 0),
+        hf_num_hidden_layers=cfg.get("num_hidden_layers"),
+        hf_hidden_size=cfg.get("hidden_size"),
     )

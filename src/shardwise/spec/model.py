@@ -78,6 +78,8 @@ class VisionSpec(Frozen):
     pos_emb_positions: int
     merge_tokens: int = Field(description="patches merged into one language-model token")
     text_hidden_size: int
+    hf_num_hidden_layers: int | None = Field(None, description="the config's own num_hidden_layers, if it has one")
+    hf_hidden_size: int | None = Field(None, description="the config's own hidden_size, if it has one")
 
 
 class ModuleNames(Frozen):
@@ -100,7 +102,8 @@ class ModelSpec(Frozen):
     """An LLM as the serving stack sees it. Sizes in elements; bytes come from `weights.py`."""
 
     name: str
-    architecture: str = Field(description="HF architectures[0]")
+    architecture: str = Field(description="HF architectures[0] of the language model")
+    wrapper_architecture: str | None = Field(None, description="multimodal wrapper around it, if any")
     family: str = Field(description="the reader that understood it: 'deepseek', 'qwen3_moe', 'llama', ...")
     generic: bool = Field(False, description="read by the generic reader: an unknown architecture")
     hidden_size: int

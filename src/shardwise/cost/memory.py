@@ -1,0 +1,317 @@
+"""Per-GPU memory of a layout, the KV-cache pool the engine will size from it, and whether it starts.
+
+Weights are the exact checkpoint bytes of each tensor, divided the way the layout splits it, on the
+pipeline stage that holds its layer. The KV pool follows the engine's rule, read from the layout:
+- SGLang: pool = mem_fraction_static × (memory free before weights load) − weights (kv_cache_configurator:
+  rest_memory = available_after_load − pre_load × (1 − mem_fraction_static)); activations and CUDA graphs
+  live in the remaining share.
+- vLLM: pool = gpu_memory_utilization × total − weights − non-torch memory − activation peak − CUDA-graph
+  estimate (v1/worker/gpu_worker.py determine_available_memory), and it must hold one max_model_len request.
+The pool is the same on every rank of an attention-DP group, so the fullest GPU decides it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from shardwise.engines.layout import Layout, groups
+from shardwise.frozen import Frozen
+from shardwise.hardware.load import runtime
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.model import ModelSpec
+from shardwise.spec.weights import Weight, model_weights
+
+GiB = 2**30
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "mtp", "eagle", "eagle3")
+
+
+class GpuMemory(Frozen):
+    gpu: int
+    stage: int
+    capacity_bytes: float
+    weights_bytes: float
+    kv_bytes: float
+    runtime_bytes: float = Field(description="CUDA stack, communication buffers, engine caches")
+    activation_bytes: float = Field(description="activation peak at the prefill chunk")
+    cuda_graph_bytes: float
+
+    @property
+    def other_bytes(self) -> float:
+        return self.runtime_bytes + self.activation_bytes + self.cuda_graph_bytes
+
+    @property
+    def free_bytes(self) -> float:
+        return self.capacity_bytes - self.weights_bytes - self.kv_bytes - self.other_bytes
+
+
+class MemoryLedger(Frozen):
+    """Memory per GPU, KV capacity and the verdict, each with the numbers behind it."""
+
+    verdict: Literal["ok", "oom", "no_kv_room"]
+    reason: str | None = None
+    engine_error: str | None = None
+    per_gpu: tuple[GpuMemory, ...]
+    weights_by_component_bytes: dict[str, float] = Field(description="on the fullest GPU")
+    kv_bytes_per_token: float = Field(description="per GPU, for the stage with the most layers")
+    kv_tokens_per_rank: int = Field(description="tokens one attention-DP rank's pool holds")
+    kv_tokens_total: int = Field(description="unique tokens over every attention-DP rank and copy")
+    state_bytes_per_request: float = Field(0, description="fixed per-request state (linear attention), per GPU")
+    max_running_requests_per_rank: int | None = None
+    ranks: int = Field(description="independent KV pools: attention-DP ranks × copies")
+    warnings: tuple[str, ...] = ()
+
+    def max_concurrency(self, *, isl: int, osl: int) -> int:
+        """Requests of isl + osl tokens the pools hold at once (the KV bound, capped by running slots)."""
+        if self.verdict != "ok":
+            return 0
+        per_request = self.kv_bytes_per_token * (isl + osl) + self.state_bytes_per_request
+        pool = self.kv_tokens_per_rank * self.kv_bytes_per_token
+        per_rank = int(pool // per_request) if per_request else 0
+        if self.max_running_requests_per_rank is not None:
+            per_rank = min(per_rank, self.max_running_requests_per_rank)
+        return per_rank * self.ranks
+
+
+def stage_layers(num_layers: int, pp: int, extra: str) -> list[range]:
+    """Layer ranges of each pipeline stage: remainder layers on the last stages (SGLang get_pp_indices) or on
+    the stages before the last (vLLM get_pp_indices, which keeps the last stage for lm_head)."""
+    base, rest = divmod(num_layers, pp)
+    counts = [base] * pp
+    extra_stages = range(pp - rest, pp) if extra == "last" else range(pp - 1 - rest, pp - 1)
+    for i in extra_stages:
+        counts[i] += 1
+    starts = [sum(counts[:i]) for i in range(pp)]
+    return [range(s, s + c) for s, c in zip(starts, counts, strict=True)]
+
+
+def _ways(w: Weight, layout: Layout, model: ModelSpec) -> float:
+    """Over how many GPUs of a stage one tensor is divided (1 = a full copy on each)."""
+    if w.role in ("embedding", "lm_head"):
+        return layout.lm_head_tp
+    if w.role == "routed_experts" and model.moe:
+        return layout.moe_ep * layout.moe_tp / (1 + layout.redundant_experts / model.moe.num_experts)
+    if w.role == "shared_experts":
+        return layout.shared_tp
+    if w.role == "dense_mlp":
+        return layout.dense_tp
+    if w.role in ("attention", "linear_attention"):
+        if w.component in ("attn.q_a", "attn.kv_a", "mtp"):
+            return 1  # MLA down-projections are replicated
+        if w.component in ("attn.k", "attn.v"):
+            return min(layout.attn_tp, model.attention.num_kv_heads)  # KV heads replicate past their count
+        return layout.attn_tp
+    return 1  # router, norms, vision tower
+
+
+def _stage_weights(model: ModelSpec, layout: Layout) -> list[dict[str, float]]:
+    """Bytes per component on one GPU of each stage."""
+    ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
+    stages: list[dict[str, float]] = [{} for _ in ranges]
+    weights = model_weights(model)
+    if layout.options.spec and layout.options.spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers:
+        weights += model_weights(model, mtp=True)  # the checkpoint's MTP layers are the draft
+    for w in weights:
+        if w.layer is None or w.layer >= model.num_layers:
+            first = w.role == "embedding" or (w.role == "vision" and layout.pp > 1)
+            stage = 0 if first else layout.pp - 1
+        else:
+            stage = next(i for i, r in enumerate(ranges) if w.layer in r)
+        per_gpu = w.bytes / _ways(w, layout, model)
+        stages[stage][w.component] = stages[stage].get(w.component, 0.0) + per_gpu
+    return stages
+
+
+def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float:
+    """Cache bytes one token takes on one GPU of the stage holding `layers` (MLA latent on every
+    attention-TP rank; GQA heads split, at least one per GPU; the draft's layers added for EAGLE/MTP)."""
+    caching = sum(model.layer_attention[i] != "linear" for i in layers)
+    per_layer = model.kv_bytes_per_token_per_layer()
+    if model.attention.kind == "gqa":
+        kv_heads = model.attention.num_kv_heads
+        per_gpu_heads = max(1, kv_heads // max(1, layout.attn_tp // layout.dcp))
+        per_layer = per_layer * per_gpu_heads / kv_heads
+    cell = caching * per_layer
+    spec = layout.options.spec
+    if spec and spec.algorithm in EAGLE_FAMILY:
+        cell += cell * max(1, model.num_mtp_layers) / model.num_layers
+    return cell
+
+
+def activation_bytes(model: ModelSpec, layout: Layout, tokens: int, *, sampled: int) -> float:
+    """Live activations of a forward pass over `tokens` on one GPU: the residual stream and its neighbours
+    (4 × hidden), plus the widest intermediate (attention q/k/v/out or the MLP's gate/up/act; for MoE the
+    fused kernel's caches for every routed copy), plus fp32 logits of the sampled tokens."""
+    h2 = model.hidden_size * 2
+    att = model.attention
+    if att.kind == "mla" and att.mla:
+        attention = att.num_heads / layout.attn_tp * (2 * att.head_dim + att.mla.v_head_dim) * 2
+    else:
+        attention = (att.num_heads + 2 * att.num_kv_heads) / layout.attn_tp * att.head_dim * 2 * 2
+    mlp = 3 * model.intermediate_size / layout.dense_tp * 2 if model.layer_mlp.count("dense") else 0.0
+    if model.moe:
+        routed = model.moe.top_k * (3 * model.moe.expert_intermediate_size / layout.moe_tp * 2 + h2)
+        mlp = max(mlp, routed)
+    gathered = layout.attn_dp if layout.attn_dp > 1 and layout.moe_comm != "all2all" else 1
+    per_token = 4 * h2 + max(attention, mlp * gathered)
+    logits = sampled * model.vocab_size / layout.lm_head_tp * 4
+    return tokens * per_token + logits
+
+
+def _runtime_bytes(layout: Layout) -> float:
+    rt = runtime()
+    alone = layout.stage_gpus == 1 and layout.pp == 1
+    total = (rt.non_torch_single_gpu if alone else rt.non_torch_multi_gpu).si("bytes")
+    if layout.a2a_backend.startswith("deepep"):
+        total += rt.deepep_buffers.si("bytes")
+    return total
+
+
+def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> MemoryLedger:
+    """The memory of every GPU of `layout` on `cluster`, the KV pool the engine sizes, and the verdict."""
+    opts = layout.options
+    capacity = cluster.gpu.memory_bytes
+    ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
+    stage_components = _stage_weights(model, layout)
+    stage_weights = [sum(c.values()) for c in stage_components]
+    rt = _runtime_bytes(layout)
+    vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
+    chunk = opts.chunked_prefill_tokens or 8192
+    sampled = min(chunk, opts.max_running_requests or chunk)
+    act = activation_bytes(model, layout, chunk, sampled=sampled)
+    graphs = activation_bytes(model, layout, opts.cuda_graph_max_bs or 0, sampled=opts.cuda_graph_max_bs or 0)
+    graphs = graphs if opts.cuda_graph else 0.0
+    fraction = opts.memory_fraction or 0.9
+    kv_per_stage = []
+    for weights in stage_weights:
+        if opts.memory_fraction_of == "free_at_start":
+            kv_per_stage.append(fraction * (capacity - rt) - weights - vlm_cache)
+        else:
+            kv_per_stage.append(fraction * capacity - weights - rt - act - graphs)
+    kv = max(0.0, min(kv_per_stage))
+    cells = [kv_bytes_per_token(model, layout, r) for r in ranges]
+    page = opts.page_size or 1
+    tokens = min(int(kv // c) // page * page for c in cells) * layout.dcp if kv > 0 else 0
+    worst = max(range(layout.pp), key=lambda s: stage_weights[s])
+    per_gpu = _per_gpu(layout, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
+    verdict, reason, error = _verdict(
+        model, layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells)
+    )
+    state = model.linear_state_bytes / max(1, layout.attn_tp)
+    return MemoryLedger(
+        verdict=verdict,
+        reason=reason,
+        engine_error=error,
+        per_gpu=tuple(per_gpu),
+        weights_by_component_bytes=stage_components[worst],
+        kv_bytes_per_token=max(cells),
+        kv_tokens_per_rank=tokens,
+        kv_tokens_total=tokens * layout.attn_dp * layout.replicas,
+        state_bytes_per_request=state,
+        max_running_requests_per_rank=_running_slots(model, layout, tokens),
+        ranks=layout.attn_dp * layout.replicas,
+        warnings=tuple(_headroom_warnings(per_gpu, layout) if verdict == "ok" else ())
+        + _margin_warning(min(kv_per_stage), layout, verdict),
+    )
+
+
+def _per_gpu(
+    layout: Layout, capacity: float, stage_weights: list[float], kv: float, rt: float, act: float, graphs: float
+) -> list[GpuMemory]:
+    rows = []
+    stage_of = {g: i % layout.pp for i, gpus in enumerate(groups(layout)["stage"]) for g in gpus}
+    for gpu in sorted(stage_of):
+        stage = stage_of[gpu]
+        rows.append(
+            GpuMemory(
+                gpu=gpu,
+                stage=stage,
+                capacity_bytes=capacity,
+                weights_bytes=stage_weights[stage],
+                kv_bytes=kv,
+                runtime_bytes=rt,
+                activation_bytes=act,
+                cuda_graph_bytes=graphs,
+            )
+        )
+    return rows
+
+
+def _verdict(
+    model: ModelSpec, layout: Layout, *, capacity: float, weights: float, rt: float, kv: float, tokens: int, cell: float
+) -> tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]:
+    opts = layout.options
+    if weights + rt > capacity:
+        return (
+            "oom",
+            f"each GPU of the fullest stage needs {weights / GiB:,.1f} GiB of weights + {rt / GiB:.1f} GiB "
+            f"for the CUDA stack, more than its {capacity / GiB:,.1f} GiB",
+            "torch.OutOfMemoryError: CUDA out of memory (while loading weights)",
+        )
+    if kv <= 0 and opts.memory_fraction_of == "free_at_start":
+        needed = math.ceil(weights / (capacity - rt) * 1000) / 1000  # 1 - available / pre-load
+        return (
+            "no_kv_room",
+            f"weights ({weights / GiB:,.1f} GiB) take all of mem_fraction_static "
+            f"{opts.memory_fraction:.3f} × {(capacity - rt) / GiB:,.1f} GiB free at start, leaving no KV cache",
+            f"ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
+            f"{opts.memory_fraction:.3f}. Raise --mem-fraction-static above {needed:.3f}",
+        )
+    if kv <= 0:
+        return (
+            "no_kv_room",
+            f"weights, activations and runtime take all of gpu_memory_utilization "
+            f"{opts.memory_fraction} × {capacity / GiB:,.1f} GiB",
+            "ValueError: No available memory for the cache blocks.",
+        )
+    if opts.max_model_len and opts.activations_in_budget and tokens < opts.max_model_len:
+        return (
+            "no_kv_room",
+            f"the KV pool holds {tokens:,} tokens, fewer than one request of max_model_len "
+            f"{opts.max_model_len:,} needs; lower --max-model-len to at most {tokens:,}",
+            f"ValueError: To serve at least one request with the model's max seq len ({opts.max_model_len}), "
+            f"({opts.max_model_len * cell / GiB:.2f} GiB KV cache is needed, which is larger than the available "
+            f"KV cache memory ({kv / GiB:.2f} GiB).",
+        )
+    if tokens < 1:
+        return ("no_kv_room", f"{kv / GiB:.2f} GiB of KV cache is less than one page", None)
+    return "ok", None, None
+
+
+def _running_slots(model: ModelSpec, layout: Layout, tokens: int) -> int | None:
+    """Request slots per attention-DP rank: SGLang's resolve_max_num_reqs when unset, or the configured limit."""
+    requested = layout.options.max_running_requests
+    if layout.engine == "sglang":
+        context = model.max_position_embeddings or 4096
+        estimated = max(min(int(tokens / context * 512), 4096), 2048)
+        limit = max(1, requested // layout.attn_dp) if requested else estimated
+        return min(limit, tokens // 2)
+    return requested
+
+
+def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, ...]:
+    """The CUDA-stack figure is a measurement of another machine; say so when the verdict hangs on it."""
+    rt = runtime()
+    band = rt.non_torch_multi_gpu.si("bytes") - rt.non_torch_single_gpu.si("bytes")
+    if verdict == "oom" or abs(margin) > band:
+        return ()
+    side = "left for" if margin > 0 else "short of"
+    return (
+        f"borderline: {abs(margin) / GiB:.2f} GiB {side} the KV cache is within the ±{band / GiB:.1f} GiB "
+        "uncertainty of the CUDA-stack and communication-buffer estimate; set the memory fraction explicitly "
+        "and confirm with a real start",
+    )
+
+
+def _headroom_warnings(per_gpu: list[GpuMemory], layout: Layout) -> list[str]:
+    tight = min(per_gpu, key=lambda row: row.free_bytes)
+    if tight.free_bytes >= 0:
+        return []
+    need = tight.activation_bytes + tight.cuda_graph_bytes
+    return [
+        f"GPU {tight.gpu}: activations at the prefill chunk and CUDA graphs need about {need / GiB:.1f} GiB "
+        f"but {(need + tight.free_bytes) / GiB:.1f} GiB remain after weights, KV cache and runtime: "
+        "expect out-of-memory under load; lower the chunked-prefill size or the memory fraction"
+    ]

@@ -1,0 +1,177 @@
+"""Per-GPU memory, KV capacity and start-up verdicts, against hand-computed sums and the engines' formulas."""
+
+import pytest
+from packaging.version import Version
+
+from shardwise import load_cluster, load_model
+from shardwise.cost.memory import kv_bytes_per_token, memory_ledger, stage_layers
+from shardwise.engines.base import get_engine
+from shardwise.engines.sglang_memory import auto_mem_fraction
+
+GB, GiB = 1e9, 2**30
+
+
+def ledger(engine: str, flags: str, *, model="kimi-k2.6", cluster="8xrtx-pro-6000"):
+    spec, box = load_model(model), load_cluster(cluster)
+    setup = get_engine(engine).resolve(flags.split(), model=spec, cluster=box)
+    assert setup.layout is not None, setup.rejections
+    return memory_ledger(spec, setup.layout, box), setup
+
+
+# --- the user's case -----------------------------------------------------------------------------------
+
+
+def test_kimi_tp8_loads_with_about_74_gb_per_gpu():
+    memory, _ = ledger("sglang", "--tp 8")
+    per_gpu = memory.per_gpu[0].weights_bytes
+    # 594 GB / 8 = 74.3 GB sharded, plus what every GPU keeps whole: the MLA down-projections q_a and kv_a
+    # (1.85 GB), the router (0.33 GB), the vision tower (0.94 GB) and norms
+    assert 74 * GB < per_gpu < 78 * GB
+    assert memory.weights_by_component_bytes["routed_experts"] == pytest.approx(570.76 * GB / 8, rel=1e-3)
+    assert memory.weights_by_component_bytes["attn.kv_a"] == pytest.approx(61 * 576 * 7168 * 2)  # whole
+    assert memory.verdict == "ok" and len(memory.per_gpu) == 8
+
+
+def test_kimi_tp4_ep2_is_an_oom_at_load():
+    memory, setup = ledger("sglang", "--tp-size 4 --ep-size 2")
+    assert setup.gpus_used == 4
+    assert memory.verdict == "oom"
+    assert 145 * GB < memory.per_gpu[0].weights_bytes < 155 * GB  # ≈ 594 GB over 4 GPUs, against 96 GB cards
+    assert "CUDA out of memory" in memory.engine_error and "GiB of weights" in memory.reason
+
+
+def test_kimi_tp4_on_four_gpus_is_an_oom():
+    memory, _ = ledger("sglang", "--tp 4", cluster="4xrtx-pro-6000")
+    assert memory.verdict == "oom"
+
+
+def test_vllm_tp8_loads_but_needs_a_shorter_max_model_len():
+    memory, _ = ledger("vllm", "-tp 8")
+    assert 74 * GB < memory.per_gpu[0].weights_bytes < 78 * GB
+    # 262,144-token context × 70,272 B needs 17.2 GiB of KV on every GPU; less is left after 0.92 × 95.6 GiB
+    assert memory.verdict == "no_kv_room" and "max seq len (262144)" in memory.engine_error
+    short, _ = ledger("vllm", "-tp 8 --max-model-len 32768")
+    assert short.verdict == "ok" and short.kv_tokens_per_rank > 32768
+
+
+def test_deepseek_v3_fp8_fits_h200_not_h100():
+    h200, _ = ledger("sglang", "--tp 8", model="deepseek-v3", cluster="8xh200")
+    assert h200.verdict == "ok" and h200.kv_tokens_per_rank > 100_000
+    h100, _ = ledger("sglang", "--tp 8", model="deepseek-v3", cluster="8xh100")
+    assert h100.verdict in ("oom", "no_kv_room")
+    assert h100.per_gpu[0].weights_bytes > 79 * GiB  # 673 GB / 8 plus the replicated parts, on 79.6 GiB cards
+
+
+# --- SGLang's mem_fraction_static, against the worked examples of its formula --------------------------
+
+
+@pytest.mark.parametrize(
+    "cluster, gpu_mem_mib, attn_dp, version, reserved, fraction",
+    [
+        # 512 + 8192 × 1.5 + 8/8 × 1024 + 512 × 2 + 1536 (MLA prefill graph) = 16,384 MiB
+        ("8xh200", 143_771, 1, "0.5.23", 16_384, 0.886),
+        ("8xh200", 143_771, 8, "0.5.23", 34_816, 0.758),  # + 512 × 8 × 3 + 512 × 8 × 1.5 for attention DP
+        ("8xh100", 81_559, 1, "0.5.23", 16_384, 0.799),
+        ("8xb200", 183_359, 1, "0.5.23", 28_672, 0.844),  # chunk 16384 on ≥ 160 GiB GPUs
+        ("8xb200", 183_359, 8, "0.5.23", 47_104, 0.743),
+        ("8xh200", 143_771, 1, "0.5.9", 14_848, 0.897),  # no prefill-graph term in 0.5.9
+        ("8xh200", 143_771, 8, "0.5.9", 33_280, 0.769),
+        ("8xh100", 81_559, 1, "0.5.9", 14_848, 0.818),
+    ],
+)
+def test_sglang_auto_mem_fraction(cluster, gpu_mem_mib, attn_dp, version, reserved, fraction):
+    """The worked examples of SGLang's formula in shared/reference/frameworks.md §1.9 (DeepSeek-V3, tp 8)."""
+    model = load_model("deepseek-v3")
+    flags = "--tp 8" if attn_dp == 1 else f"--tp 8 --dp-size {attn_dp} --enable-dp-attention"
+    setup = get_engine("sglang").resolve(flags.split(), model=model, cluster=load_cluster(cluster), version=version)
+    got_fraction, got_reserved = auto_mem_fraction(
+        setup.flags, model=model, gpu_mem_mib=gpu_mem_mib, version=Version(version)
+    )
+    assert (got_reserved, got_fraction) == (reserved, fraction)
+
+
+def test_sglang_vlm_fraction_and_explicit_fraction():
+    # Kimi K2.6 is multimodal: SGLang multiplies its fraction by 0.95 (a MoonViT config has no num_hidden_layers)
+    _, setup = ledger("sglang", "--tp 8")
+    assert setup.flags["mem_fraction_static"] == pytest.approx(round((97887 - 16384) / 97887, 3) * 0.95)
+    _, given = ledger("sglang", "--tp 8 --mem-fraction-static 0.93")
+    assert given.flags["mem_fraction_static"] == 0.93
+
+
+def test_sglang_kv_pool_is_fraction_of_free_memory_minus_weights():
+    memory, setup = ledger("sglang", "--tp 8 --mem-fraction-static 0.93")
+    row = memory.per_gpu[0]
+    runtime = row.runtime_bytes - 100 * 2**20  # the VLM embedding cache comes out of the KV budget
+    expected = 0.93 * (row.capacity_bytes - runtime) - row.weights_bytes - 100 * 2**20
+    assert row.kv_bytes == pytest.approx(expected)
+    assert memory.kv_tokens_per_rank == int(expected // 70_272)
+
+
+def test_sglang_no_kv_room_message():
+    memory, _ = ledger("sglang", "--tp 8 --attn-dp-size 8 --ep 8")  # attention copied ×8: weights outgrow 0.61
+    assert memory.verdict == "no_kv_room"
+    assert memory.engine_error.startswith(
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
+    )
+
+
+def test_vllm_kv_budget_subtracts_activations_and_graphs():
+    memory, setup = ledger("vllm", "-tp 8 --max-model-len 32768 --gpu-memory-utilization 0.9")
+    row = memory.per_gpu[0]
+    expected = (
+        0.9 * row.capacity_bytes - row.weights_bytes - row.runtime_bytes - row.activation_bytes - (row.cuda_graph_bytes)
+    )
+    assert row.kv_bytes == pytest.approx(expected)
+    assert memory.kv_tokens_per_rank == int(expected // 70_272) // 16 * 16  # whole blocks of 16 tokens
+
+
+# --- KV bytes per token per GPU of every family -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, flags, per_gpu",
+    [
+        ("kimi-k2.6", "--tp 8", 70_272),  # MLA latent, replicated on every attention-TP rank
+        ("deepseek-v3", "--tp 8", 70_272),
+        ("llama-3.1-70b", "--tp 8", 327_680 // 8),  # 8 KV heads over 8 ranks: one each
+        ("qwen3-235b-a22b", "--tp 8", 192_512 // 4),  # 4 KV heads over 8 ranks: one (replicated) each
+        ("qwen3-30b-a3b", "--tp 2", 98_304 // 2),
+        ("mixtral-8x7b", "--tp 4", 131_072 // 4),
+        ("gpt-oss-120b", "--tp 4", 73_728 // 4),  # full and sliding layers both cache (no SWA pool assumed)
+        ("glm-4.5", "--tp 8", 376_832 // 8),
+        ("minimax-m2", "--tp 8 --ep 8", 253_952 // 8),  # FP8 blocks: 1536 / 8 is no whole block without EP
+        ("qwen3-next-80b-a3b", "--tp 2", 24_576 // 2),  # 12 full-attention layers; linear layers keep a state
+    ],
+)
+def test_kv_bytes_per_token_per_gpu(model, flags, per_gpu):
+    spec = load_model(model)
+    cluster = "8xh200"
+    setup = get_engine("sglang").resolve(flags.split(), model=spec, cluster=load_cluster(cluster))
+    assert kv_bytes_per_token(spec, setup.layout, range(spec.num_layers)) == per_gpu
+
+
+def test_decode_context_parallel_multiplies_capacity():
+    plain, _ = ledger("sglang", "--tp 8 --mem-fraction-static 0.93")
+    dcp, _ = ledger("sglang", "--tp 8 --dcp-size 8 --mem-fraction-static 0.93")
+    assert dcp.kv_tokens_per_rank == plain.kv_tokens_per_rank * 8
+
+
+def test_attention_dp_pools_add_up():
+    memory, _ = ledger("sglang", "--tp 8 --attn-dp-size 8 --ep 8 --mem-fraction-static 0.94")
+    assert memory.ranks == 8 and memory.kv_tokens_total == memory.kv_tokens_per_rank * 8
+    # the max concurrency counts whole requests per pool
+    per_pool = memory.kv_tokens_per_rank // 2048
+    assert memory.max_concurrency(isl=1024, osl=1024) == min(per_pool, memory.max_running_requests_per_rank) * 8
+
+
+def test_pipeline_stage_layer_splits():
+    # 61 layers over 8 stages: SGLang puts the 5 extra layers on the last stages, vLLM on those before the last
+    assert [len(r) for r in stage_layers(61, 8, "last")] == [7, 7, 7, 8, 8, 8, 8, 8]
+    assert [len(r) for r in stage_layers(61, 8, "before_last")] == [7, 7, 8, 8, 8, 8, 8, 7]
+    assert [len(r) for r in stage_layers(61, 1, "last")] == [61]
+
+
+def test_pp8_keeps_embeddings_first_and_lm_head_last():
+    memory, _ = ledger("sglang", "--pp-size 8 --mem-fraction-static 0.95")
+    by_stage = {row.stage: row.weights_bytes for row in memory.per_gpu}
+    assert len(by_stage) == 8 and by_stage[7] > by_stage[3]  # 8 layers + the whole lm_head (tp 1)
