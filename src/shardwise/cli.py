@@ -175,9 +175,11 @@ def layouts(
     engine_version: VersionOption = None,
     isl: Annotated[int, typer.Option(min=1, help="Input tokens per request, for the concurrency that fits.")] = 1024,
     osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    show_all: Annotated[bool, typer.Option("--all", help="Also list layouts that do not fit in memory.")] = False,
     json: JsonFlag = False,
 ) -> None:
-    """Every layout the engine accepts on all of the cluster's GPUs: memory verdict, KV capacity, launch command."""
+    """The layouts the engine accepts on all of the cluster's GPUs and that fit in memory, with KV capacity and
+    launch command (--all for those that do not fit too)."""
     engines = engine_names() if framework == "all" else [framework]
     cluster_spec = load_cluster(gpus)
     spec = load_model(model)
@@ -194,14 +196,16 @@ def layouts(
             for s in found
             if s.layout is not None
         ]
+        shown = rows if show_all else [row for row in rows if row[2].verdict == "ok"]
         if json:
-            payload += report_setups.layouts_payload(rows, spec, isl=isl, osl=osl)
+            payload += report_setups.layouts_payload(shown, spec, isl=isl, osl=osl)
         else:
             fitting = sum(memory.verdict == "ok" for _, _, memory in rows)
             title = (
-                f"{len(rows)} {name} layouts of {model} on {cluster_spec.name} start; {fitting} of them fit in memory"
+                f"{len(rows)} {name} layouts of {model} on {cluster_spec.name} pass the engine's checks; {fitting} fit "
+                "in memory" + ("" if show_all else " (--all lists the others)")
             )
-            report_table.print_renderable(report_setups.layouts_table(rows, title=title, isl=isl, osl=osl))
+            report_table.print_renderable(report_setups.layouts_table(shown, title=title, isl=isl, osl=osl))
     if json:
         typer.echo(report_json.dumps(payload))
 

@@ -157,6 +157,8 @@ def test_check_needs_a_command():
 
 
 def test_layouts_json_lists_launch_commands():
-    data = run_json("layouts", "--framework", "vllm")
+    data = run_json("layouts", "--framework", "vllm", "--all")
     assert any(row["layout"]["description"] == "DP8 EP8" for row in data)
     assert all(row["launch_command"].startswith("vllm serve moonshotai/Kimi-K2.6") for row in data)
+    fitting = run_json("layouts", "--framework", "vllm")
+    assert fitting and all(row["verdict"] == "ok" for row in fitting) and len(fitting) < len(data)

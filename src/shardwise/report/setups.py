@@ -221,8 +221,18 @@ def layouts_payload(
     ]
 
 
-def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: str, isl: int, osl: int) -> Table:
-    table = Table(title=title, title_justify="left")
+def _common_ends(commands: list[list[str]]) -> tuple[int, int]:
+    """How many leading and trailing tokens every command shares (launcher, model, --trust-remote-code)."""
+    shortest = min(len(c) for c in commands)
+    head = next((i for i in range(shortest) if len({c[i] for c in commands}) > 1), shortest)
+    while head and commands[0][head - 1].startswith("-"):
+        head -= 1  # keep a flag together with its value
+    tail = next((i for i in range(shortest - head) if len({c[-1 - i] for c in commands}) > 1), shortest - head)
+    return head, tail
+
+
+def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: str, isl: int, osl: int) -> Group:
+    table = Table(title_justify="left")
     columns = (
         "#",
         "layout",
@@ -233,11 +243,13 @@ def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: s
         "memory",
         "KV tokens",
         f"fit at {isl}+{osl}",
-        "launch command",
+        "flags",
     )
     for col in columns:
         right = col in ("#", "PP", "copies", "KV tokens") or col.startswith("fit")
         table.add_column(col, justify="right" if right else "left", overflow="fold")
+    commands = [cmd for _, cmd, _ in rows]
+    head, tail = _common_ends(commands) if commands else (0, 0)
     for i, (setup, cmd, memory) in enumerate(rows, 1):
         lay = setup.layout
         assert lay is not None
@@ -252,6 +264,10 @@ def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: s
             Text(memory.verdict, style="green" if fits else "red"),
             f"{memory.kv_tokens_total:,}" if fits else "—",
             f"{memory.max_concurrency(isl=isl, osl=osl):,}" if fits else "—",
-            command_text(cmd),
+            command_text(cmd[head : len(cmd) - tail]) or "(none)",
         )
-    return table
+    launch = ""
+    if commands:
+        sample = commands[0]
+        launch = f"launch: {command_text(sample[:head])} FLAGS {command_text(sample[len(sample) - tail :])}".rstrip()
+    return Group(Text(title), Text(launch, style="dim"), table)
