@@ -108,20 +108,9 @@ def test_gqa_kv_heads_replicate_or_split():
     assert {"heads_split"} <= set(rules(resolve("--tp 6", model="llama-3.1-70b", cluster="6xh100")))
 
 
-def test_kv_heads_that_neither_split_nor_replicate(write_config):
-    # 12 query heads over 6 ranks is fine; 4 KV heads over 6 ranks is neither a split nor a whole replication
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 768,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 4,
-        "intermediate_size": 1536,
-        "vocab_size": 1000,
-    }
-    model = str(write_config(cfg))
-    assert rules(resolve("--tp 6", model=model, cluster="6xh100")) == ["kv_heads_split"]
-    assert resolve("--tp 4", model=model, cluster="4xh100").valid
+def test_kv_heads_that_neither_split_nor_replicate(odd_kv_model):
+    assert rules(resolve("--tp 6", model=odd_kv_model, cluster="6xh100")) == ["kv_heads_split"]
+    assert resolve("--tp 4", model=odd_kv_model, cluster="4xh100").valid
 
 
 def test_tp_above_expert_count(write_config):

@@ -76,19 +76,9 @@ def test_kv_heads_and_gpu_count():
     assert "not_enough_gpus" in rules(resolve("-tp 8", env={"CUDA_VISIBLE_DEVICES": "0,1"}))
 
 
-def test_kv_heads_that_neither_split_nor_replicate(write_config):
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 768,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 4,
-        "intermediate_size": 1536,
-        "vocab_size": 1000,
-    }
-    model = str(write_config(cfg))
-    assert rules(resolve("-tp 6", model=model, cluster="6xh100")) == ["kv_heads_split"]
-    assert resolve("-tp 4", model=model, cluster="4xh100").valid
+def test_kv_heads_that_neither_split_nor_replicate(odd_kv_model):
+    assert rules(resolve("-tp 6", model=odd_kv_model, cluster="6xh100")) == ["kv_heads_split"]
+    assert resolve("-tp 4", model=odd_kv_model, cluster="4xh100").valid
 
 
 def test_fp8_block_slices_without_ep():

@@ -1,8 +1,9 @@
 """What every engine module provides, the values it returns, and the registry that finds engines.
 
-An engine reads launch flags (`parse`), applies its own silent rewrites and checks (`resolve` → a
+An engine reads a launch command's flags, applies its own silent rewrites and checks (`resolve` → a
 `Setup` with notes and rejections), maps the result to an engine-neutral `Layout`, lists every valid
-layout for a model on a cluster (`enumerate`), and writes the launch command of a layout.
+layout for a model on a cluster (`enumerate`), and writes the launch command of a layout. Flag-driven
+engines get all of that from `flag_engine.FlagEngine` and supply only what differs.
 Rules are small functions returning a `Rejection` (or None); the engine's error text goes with it.
 """
 
@@ -90,7 +91,7 @@ class Engine(Protocol):
 
     def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]: ...
 
-    def launch_command(self, setup: Setup, *, model_ref: str) -> list[str]: ...
+    def launch_command(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[str]: ...
 
 
 _REGISTRY: dict[str, type] = {}

@@ -11,26 +11,17 @@ from typing import Any, ClassVar
 
 from packaging.version import Version
 
-from shardwise.engines.base import Context, Note, Rejection, Setup, divisors, register_engine, run_rules
-from shardwise.engines.flags import EngineArgError, flag_table, parse_flags, parse_version, render_command
+from shardwise.engines.base import Note, Rule, divisors, register_engine
+from shardwise.engines.flag_engine import FlagEngine
+from shardwise.engines.flags import flag_table
 from shardwise.engines.layout import EngineOptions, Layout, SpecDecode
 from shardwise.engines.sglang_memory import auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
-from shardwise.spec.weights import block_shapes
 
 V0522, V0523 = Version("0.5.22"), Version("0.5.23")
 STRUCTURAL = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "attn_cp_size", "moe_dp_size", "ep_size", "dcp_size")
-
-
-def gpus_available(cluster: ClusterSpec, flags: dict[str, Any], env: dict[str, str]) -> int:
-    """GPUs one launch can reach: its nodes (--nnodes), and CUDA_VISIBLE_DEVICES on a single node."""
-    count = min(cluster.num_gpus, cluster.gpus_per_node * flags.get("nnodes", 1))
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and flags.get("nnodes", 1) == 1:
-        count = min(count, len([d for d in visible.split(",") if d.strip()]))
-    return count
 
 
 def memory_tier(table_tiers: tuple[dict[str, Any], ...], cluster: ClusterSpec, version: Version) -> dict[str, Any]:
@@ -242,112 +233,45 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
 
 
 @register_engine("sglang")
-class SGLang:
-    name: ClassVar[str] = "sglang"
-    supports_expert_parallel: ClassVar[bool] = True
-    supports_attention_dp: ClassVar[bool] = True
+class SGLang(FlagEngine):
+    display: ClassVar[str] = "SGLang"
+    prog: ClassVar[str] = "launch_server.py"
+    parser_source: ClassVar[str] = "server_args.py (argparse, allow_abbrev on)"
+    rules: ClassVar[list[Rule]] = RULES
     kv_budget: ClassVar[str] = "of_total"  # mem_fraction_static × the GPU's memory at start-up
 
-    def resolve(
-        self,
-        argv: list[str],
-        *,
-        model: ModelSpec,
-        cluster: ClusterSpec,
-        version: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> Setup:
-        """Read SGLang flags (what follows `python -m sglang.launch_server`) the way SGLang will run them."""
-        table = flag_table("sglang")
-        v = parse_version(version or table.default_version, "sglang")
-        try:
-            given = parse_flags(table, argv, v)
-        except EngineArgError as exc:
-            return _argument_error(str(exc), v, cluster)
+    def effective(
+        self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
+    ) -> tuple[dict[str, Any], list[Note]]:
+        return effective_flags(given, version=version, cluster=cluster, model=model)
+
+    def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
+        return layout_of(flags, version)
+
+    def gpus_used(self, flags: dict[str, Any]) -> int:
+        return flags["dp_size"] * flags["tp_size"] * flags["pp_size"]
+
+    def nodes(self, flags: dict[str, Any], cluster: ClusterSpec) -> int:
+        return flags.get("nnodes", 1)
+
+    def read(self, given: dict[str, Any]) -> dict[str, Any]:
         given.pop("model_path", None)
-        return self.setup(given, model=model, cluster=cluster, version=v, env=env or {})
+        return given
 
-    def setup(
-        self,
-        given: dict[str, Any],
-        *,
-        model: ModelSpec,
-        cluster: ClusterSpec,
-        version: Version,
-        env: dict[str, str] | None = None,
-    ) -> Setup:
-        flags, notes = effective_flags(given, version=version, cluster=cluster, model=model)
-        available = gpus_available(cluster, flags, env or {})
-        ctx = Context(
-            flags=flags,
-            model=model,
-            cluster=cluster,
-            version=version,
-            gpus_available=available,
-            blocks=block_shapes(model),
-        )
-        rejections = tuple(run_rules(RULES, ctx))
-        used = flags["dp_size"] * flags["tp_size"] * flags["pp_size"]
-        if not rejections and used < available:
-            notes.append(
-                Note(
-                    kind="warning",
-                    message=f"uses {used} of {available} GPUs (dp × tp × pp = "
-                    f"{flags['dp_size']} × {flags['tp_size']} × {flags['pp_size']}); EP and attention DP "
-                    "are carved out of tp and add no GPUs",
-                )
-            )
-        return Setup(
-            engine="sglang",
-            version=str(version),
-            given=given,
-            flags=flags,
-            notes=tuple(notes),
-            rejections=rejections,
-            layout=None if rejections else layout_of(flags, version),
-            gpus_used=used,
-            gpus_available=available,
+    def idle_note(self, flags: dict[str, Any], used: int, available: int) -> str:
+        return (
+            f"uses {used} of {available} GPUs (dp × tp × pp = {flags['dp_size']} × {flags['tp_size']} × "
+            f"{flags['pp_size']}); EP and attention DP are carved out of tp and add no GPUs"
         )
 
-    def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]:
-        """Every valid layout on all of the cluster's GPUs, each effective layout once."""
-        v = parse_version(version or flag_table("sglang").default_version, "sglang")
-        seen: set[tuple[int, ...]] = set()
-        found = []
-        for given in _candidates(model, cluster):
-            setup = self.setup(given, model=model, cluster=cluster, version=v)
-            if setup.layout is None or setup.gpus_used != cluster.num_gpus or setup.layout.structure() in seen:
-                continue
-            seen.add(setup.layout.structure())
-            found.append(setup)
-        return found
-
-    def launch_command(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[str]:
-        v = Version(setup.version)
-        values = dict(setup.given)
-        if v < V0522 and values.get("attn_dp_size", 1) > 1:
+    def render_values(self, given: dict[str, Any], version: Version) -> dict[str, Any]:
+        values = dict(given)
+        if version < V0522 and values.get("attn_dp_size", 1) > 1:
             values["dp_size"], values["enable_dp_attention"] = values.pop("attn_dp_size"), True
-        if remote_code:
-            values["trust_remote_code"] = True
-        return render_command(flag_table("sglang"), v, model_ref=model_ref, values=values)
+        return values
 
-
-def _argument_error(message: str, version: Version, cluster: ClusterSpec) -> Setup:
-    rejection = Rejection(
-        rule="arguments",
-        reason=f"SGLang's argument parser refuses the command: {message}",
-        engine_error=f"launch_server.py: error: {message}",
-        source=f"sglang {version} server_args.py (argparse, allow_abbrev on)",
-    )
-    return Setup(
-        engine="sglang",
-        version=str(version),
-        given={},
-        flags={},
-        rejections=(rejection,),
-        gpus_used=0,
-        gpus_available=cluster.num_gpus,
-    )
+    def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
+        return _candidates(model, cluster)
 
 
 def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:

@@ -1,0 +1,171 @@
+"""The machinery every engine configured by command-line flags shares: read the command with the engine's
+own parser, apply its rewrites, run its rules, map to a Layout, enumerate, and write commands back.
+
+An engine subclasses `FlagEngine` and supplies what differs: its rules, its rewrites (`effective`), its
+flags → Layout mapping, how many GPUs a configuration uses, and which configurations to try.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from packaging.version import Version
+
+from shardwise.engines.base import Context, Note, Rejection, Rule, Setup, run_rules
+from shardwise.engines.flags import EngineArgError, flag_table, parse_flags, parse_version, render_command
+from shardwise.engines.layout import Layout
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.model import ModelSpec
+from shardwise.spec.weights import block_shapes
+
+
+class FlagEngine:
+    name: ClassVar[str]
+    display: ClassVar[str]  # "SGLang", "vLLM"
+    prog: ClassVar[str]  # what the engine's parser calls itself in its errors
+    parser_source: ClassVar[str]
+    rules: ClassVar[list[Rule]]
+    supports_expert_parallel: ClassVar[bool] = True
+    supports_attention_dp: ClassVar[bool] = True
+    kv_budget: ClassVar[str] = "of_total"
+
+    # --- what each engine supplies ----------------------------------------------------------------------
+
+    def effective(
+        self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
+    ) -> tuple[dict[str, Any], list[Note]]:
+        raise NotImplementedError
+
+    def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
+        raise NotImplementedError
+
+    def gpus_used(self, flags: dict[str, Any]) -> int:
+        raise NotImplementedError
+
+    def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> Iterable[dict[str, Any]]:
+        raise NotImplementedError
+
+    def nodes(self, flags: dict[str, Any], cluster: ClusterSpec) -> int:
+        """Nodes one launch spans."""
+        return cluster.nodes
+
+    def read(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Post-process parsed options (decode JSON, drop the model); raise EngineArgError like the engine."""
+        return given
+
+    def hint(self, message: str, argv: list[str]) -> str:
+        """A sentence that explains a parser error better than the engine does, or ''."""
+        return ""
+
+    def render_values(self, given: dict[str, Any], version: Version) -> dict[str, Any]:
+        """Options to write for `given` in this version's spelling."""
+        return dict(given)
+
+    def idle_note(self, flags: dict[str, Any], used: int, available: int) -> str:
+        return f"uses {used} of {available} GPUs"
+
+    # --- shared --------------------------------------------------------------------------------------
+
+    def version(self, text: str | None) -> Version:
+        return parse_version(text or flag_table(self.name).default_version, self.name)
+
+    def resolve(
+        self,
+        argv: list[str],
+        *,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        version: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Setup:
+        """Read the flags after the launcher the way the engine will run them."""
+        v = self.version(version)
+        try:
+            given = self.read(parse_flags(flag_table(self.name), argv, v))
+        except EngineArgError as exc:
+            return self._argument_error(str(exc), argv, v, cluster)
+        return self.setup(given, model=model, cluster=cluster, version=v, env=env or {})
+
+    def setup(
+        self,
+        given: dict[str, Any],
+        *,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        version: Version,
+        env: dict[str, str] | None = None,
+    ) -> Setup:
+        """Rewrites, rules and layout of options given by canonical name."""
+        flags, notes = self.effective(given, version=version, cluster=cluster, model=model)
+        available = self._gpus_available(cluster, flags, env or {})
+        ctx = Context(
+            flags=flags,
+            model=model,
+            cluster=cluster,
+            version=version,
+            gpus_available=available,
+            blocks=block_shapes(model),
+        )
+        rejections = tuple(run_rules(self.rules, ctx))
+        used = self.gpus_used(flags)
+        if not rejections and used < available:
+            notes.append(Note(kind="warning", message=self.idle_note(flags, used, available)))
+        return Setup(
+            engine=self.name,
+            version=str(version),
+            given=given,
+            flags=flags,
+            notes=tuple(notes),
+            rejections=rejections,
+            layout=None if rejections else self.layout(flags, model, version),
+            gpus_used=used,
+            gpus_available=available,
+        )
+
+    def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]:
+        """Every valid layout on all of the cluster's GPUs, each effective layout once."""
+        v = self.version(version)
+        seen: set[tuple[int, ...]] = set()
+        found = []
+        for given in self.candidates(model, cluster):
+            setup = self.setup(given, model=model, cluster=cluster, version=v)
+            if setup.layout is None or setup.gpus_used != cluster.num_gpus or setup.layout.structure() in seen:
+                continue
+            seen.add(setup.layout.structure())
+            found.append(setup)
+        return found
+
+    def launch_command(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[str]:
+        """The command that starts `setup`, spelled for its engine version."""
+        version = Version(setup.version)
+        values = self.render_values(setup.given, version)
+        if remote_code:
+            values["trust_remote_code"] = True
+        return render_command(flag_table(self.name), version, model_ref=model_ref, values=values)
+
+    def _gpus_available(self, cluster: ClusterSpec, flags: dict[str, Any], env: dict[str, str]) -> int:
+        """GPUs one launch reaches: its nodes, and CUDA_VISIBLE_DEVICES on a single node."""
+        nodes = self.nodes(flags, cluster)
+        count = min(cluster.num_gpus, cluster.gpus_per_node * nodes)
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None and nodes == 1:
+            count = min(count, len([d for d in visible.split(",") if d.strip()]))
+        return count
+
+    def _argument_error(self, message: str, argv: list[str], version: Version, cluster: ClusterSpec) -> Setup:
+        rejection = Rejection(
+            rule="arguments",
+            reason=f"{self.display}'s argument parser refuses the command: {message}" + self.hint(message, argv),
+            engine_error=f"{self.prog}: error: {message}",
+            source=f"{self.name} {version} {self.parser_source}",
+        )
+        return Setup(
+            engine=self.name,
+            version=str(version),
+            given={},
+            flags={},
+            rejections=(rejection,),
+            gpus_used=0,
+            gpus_available=cluster.num_gpus,
+        )

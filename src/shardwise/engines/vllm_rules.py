@@ -1,0 +1,169 @@
+"""vLLM's start-up checks, one small function each, with the error vLLM raises and where.
+
+Sources: the vllm 0.33.0 release wheel (config/model.py, config/parallel.py, config/cache.py,
+model_executor/layers/quantization/utils/fp8_utils.py), as collected in shared/reference/frameworks.md §2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardwise.engines.base import Context, Rejection, Rule
+
+
+def moe_world(f: dict[str, Any]) -> int:
+    """GPUs the MoE layers of one pipeline stage span: tp × dp × pcp."""
+    return f["tensor_parallel_size"] * f["data_parallel_size"] * f["prefill_context_parallel_size"]
+
+
+def gpus_used(f: dict[str, Any]) -> int:
+    return moe_world(f) * f["pipeline_parallel_size"]
+
+
+def _src(ctx: Context, where: str) -> str:
+    return f"vllm {ctx.version} {where}"
+
+
+def heads_divisible(ctx: Context) -> Rejection | None:
+    heads, tp = ctx.model.attention.num_heads, ctx.flags["tensor_parallel_size"]
+    if heads % tp == 0:
+        return None
+    return Rejection(
+        rule="heads_divisible",
+        reason=f"{heads} attention heads do not split over tp {tp}",
+        engine_error=f"ValueError: Total number of attention heads ({heads}) must be divisible by "
+        f"tensor parallel size ({tp}).",
+        source=_src(ctx, "config/model.py verify_with_parallel_config"),
+    )
+
+
+def kv_heads_split(ctx: Context) -> Rejection | None:
+    att, tp = ctx.model.attention, ctx.flags["tensor_parallel_size"]
+    kv = att.num_kv_heads
+    if att.kind == "mla" or (kv % tp == 0 if kv >= tp else tp % kv == 0):
+        return None
+    return Rejection(
+        rule="kv_heads_split",
+        reason=f"{kv} KV heads neither split over nor replicate onto tp {tp}",
+        engine_error="AssertionError: not divisible",
+        source=_src(ctx, "model_executor/layers/linear.py QKVParallelLinear"),
+    )
+
+
+def ep_needs_moe(ctx: Context) -> Rejection | None:
+    if not ctx.flags.get("enable_expert_parallel") or ctx.model.moe is not None:
+        return None
+    return Rejection(
+        rule="ep_needs_moe",
+        reason=f"--enable-expert-parallel on {ctx.model.name}, which has no experts",
+        engine_error="ValueError: Number of experts in the model must be greater than 0 when expert "
+        "parallelism is enabled.",
+        source=_src(ctx, "config/model.py _verify_with_expert_parallelism"),
+    )
+
+
+def dcp_rules(ctx: Context) -> Rejection | None:
+    f, att = ctx.flags, ctx.model.attention
+    dcp, tp, pcp = f["decode_context_parallel_size"], f["tensor_parallel_size"], f["prefill_context_parallel_size"]
+    if dcp == 1:
+        return None
+    problem = None
+    if pcp == 1 and tp % dcp:
+        problem = f"decode CP {dcp} does not divide tp {tp}"
+    elif pcp > 1 and dcp not in (pcp, tp * pcp):
+        problem = f"with prefill CP {pcp}, decode CP must be 1, {pcp} or {tp * pcp}"
+    elif att.kind == "gqa" and (tp <= att.num_kv_heads or dcp > tp // att.num_kv_heads):
+        problem = f"for GQA, decode CP needs tp > KV heads ({tp} vs {att.num_kv_heads}) and dcp ≤ tp // KV heads"
+    if problem is None:
+        return None
+    return Rejection(rule="dcp", reason=problem, engine_error="ValueError", source=_src(ctx, "config/parallel.py"))
+
+
+def eplb_rules(ctx: Context) -> Rejection | None:
+    f, moe = ctx.flags, ctx.model.moe
+    redundant = (f.get("eplb_config") or {}).get("num_redundant_experts", 0)
+    problem = None
+    if f.get("enable_eplb") and not f.get("enable_expert_parallel"):
+        problem = "--enable-eplb needs --enable-expert-parallel"
+    elif f.get("enable_eplb") and moe_world(f) == 1:
+        problem = "--enable-eplb needs tp × dp × pcp > 1"
+    elif redundant and not f.get("enable_eplb"):
+        problem = "redundant experts need --enable-eplb"
+    elif f.get("enable_eplb") and moe and (moe.num_experts + redundant) % moe_world(f):
+        return Rejection(
+            rule="eplb_even",
+            reason=f"{moe.num_experts + redundant} experts do not split evenly over EP {moe_world(f)}",
+            engine_error="ValueError: EPLB currently only supports even distribution of experts across ranks.",
+            source=_src(ctx, "model_executor/layers/fused_moe/layer.py"),
+        )
+    if problem is None:
+        return None
+    return Rejection(rule="eplb", reason=problem, engine_error="ValueError", source=_src(ctx, "config/parallel.py"))
+
+
+def partitions(ctx: Context) -> Rejection | None:
+    """Tensor-parallel slices must be whole, and whole 128-wide blocks for FP8 block checkpoints."""
+    f, model = ctx.flags, ctx.model
+    tp, att = f["tensor_parallel_size"], model.attention
+    checks = []
+    if model.moe and not f.get("enable_expert_parallel"):
+        checks.append(("routed_experts", model.moe.expert_intermediate_size, moe_world(f)))
+    if model.layer_mlp.count("dense"):
+        checks.append(("dense_mlp", model.intermediate_size, tp))
+    if model.moe and model.moe.num_shared_experts:
+        checks.append(("shared_experts", model.moe.shared_intermediate_size * model.moe.num_shared_experts, tp))
+    if att.kind == "mla" and att.mla:
+        checks.append(("attention", att.num_heads * (att.mla.qk_nope_head_dim + att.mla.v_head_dim), tp))
+    for role, width, ways in checks:
+        block = ctx.blocks.get(role, (1, 1))[0]
+        if ways > 1 and (width % ways or (width // ways) % block):
+            error = (
+                f"ValueError: Weight output_partition_size = {width / ways:g} is not divisible by weight "
+                f"quantization block_n = {block}."
+                if block > 1
+                else f"AssertionError: {width} is not divisible by {ways}"
+            )
+            return Rejection(
+                rule="partition",
+                reason=f"{role.replace('_', ' ')}: width {width} over {ways} GPUs"
+                + (f" is not a whole number of {block}-wide FP8 blocks" if block > 1 else " is not whole"),
+                engine_error=error,
+                source=_src(ctx, "model_executor/layers/quantization/utils/fp8_utils.py"),
+            )
+    return None
+
+
+def memory_utilization(ctx: Context) -> Rejection | None:
+    util = ctx.flags["gpu_memory_utilization"]
+    if 0 < util <= 1:
+        return None
+    return Rejection(
+        rule="gpu_memory_utilization",
+        reason=f"--gpu-memory-utilization {util} must be in (0, 1]",
+        engine_error="pydantic ValidationError: gpu_memory_utilization",
+        source=_src(ctx, "config/cache.py"),
+    )
+
+
+def enough_gpus(ctx: Context) -> Rejection | None:
+    needed = gpus_used(ctx.flags)
+    if needed <= ctx.gpus_available:
+        return None
+    return Rejection(
+        rule="not_enough_gpus",
+        reason=f"needs dp × pp × tp = {needed} GPUs; {ctx.gpus_available} are available",
+        engine_error="RuntimeError (not enough GPUs for the workers)",
+        source=_src(ctx, "v1/executor"),
+    )
+
+
+RULES: list[Rule] = [
+    heads_divisible,
+    kv_heads_split,
+    ep_needs_moe,
+    dcp_rules,
+    eplb_rules,
+    partitions,
+    memory_utilization,
+    enough_gpus,
+]
