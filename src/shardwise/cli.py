@@ -211,11 +211,23 @@ def layouts(
 
 
 def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+    """Console entry point: every user error becomes one line on stderr; exit 2 for bad input."""
     try:
-        app()
+        code = app(standalone_mode=False)  # returns the code of typer.Exit, None on success
     except ShardwiseError as exc:
         if _state["debug"]:
             raise
-        Console(stderr=True).print(Text("error: ", style="red") + Text(str(exc)), soft_wrap=True)
+        _one_line(str(exc))
         sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise  # not a usage error of the command line: a bug, shown as one
+        _one_line(exc.format_message())  # bad option, bad value, missing argument
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(message: str) -> None:
+    Console(stderr=True).print(Text("error: ", style="red") + Text(" ".join(message.split())), soft_wrap=True)

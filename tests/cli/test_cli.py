@@ -89,6 +89,25 @@ def test_bad_input_is_one_line_exit_2_no_traceback(args, message):
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "--bogus"], "No such option: --bogus"),
+        (["nosuchcommand"], "No such command"),
+        (["check", "--isl", "0", "--", "vllm", "serve", "m"], "Invalid value for '--isl'"),
+    ],
+)
+def test_usage_errors_are_one_line_too(args, message):
+    result = shardwise(*args)
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_help_exits_zero():
+    result = shardwise("--help")
+    assert result.returncode == 0 and "inspect" in result.stdout
+
+
 def test_malformed_config_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{"hidden_size": 7168,')

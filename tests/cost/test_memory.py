@@ -11,9 +11,14 @@ from shardwise.engines.sglang_memory import auto_mem_fraction
 GB, GiB = 1e9, 2**30
 
 
+def argv(engine: str, flags: str) -> list[str]:
+    """Flags after the launcher, with the model where each engine wants it."""
+    return (["--model-path", "some/model"] if engine == "sglang" else ["some/model"]) + flags.split()
+
+
 def ledger(engine: str, flags: str, *, model="kimi-k2.6", cluster="8xrtx-pro-6000"):
     spec, box = load_model(model), load_cluster(cluster)
-    setup = get_engine(engine).resolve(flags.split(), model=spec, cluster=box)
+    setup = get_engine(engine).resolve(argv(engine, flags), model=spec, cluster=box)
     assert setup.layout is not None, setup.rejections
     return memory_ledger(spec, setup.layout, box), setup
 
@@ -83,7 +88,9 @@ def test_sglang_auto_mem_fraction(cluster, gpu_mem_mib, attn_dp, version, reserv
     """The worked examples of SGLang's formula in shared/reference/frameworks.md §1.9 (DeepSeek-V3, tp 8)."""
     model = load_model("deepseek-v3")
     flags = "--tp 8" if attn_dp == 1 else f"--tp 8 --dp-size {attn_dp} --enable-dp-attention"
-    setup = get_engine("sglang").resolve(flags.split(), model=model, cluster=load_cluster(cluster), version=version)
+    setup = get_engine("sglang").resolve(
+        argv("sglang", flags), model=model, cluster=load_cluster(cluster), version=version
+    )
     got_fraction, got_reserved = auto_mem_fraction(
         setup.flags, model=model, gpu_mem_mib=gpu_mem_mib, version=Version(version)
     )
@@ -146,7 +153,7 @@ def test_vllm_kv_budget_subtracts_activations_and_graphs():
 def test_kv_bytes_per_token_per_gpu(model, flags, per_gpu):
     spec = load_model(model)
     cluster = "8xh200"
-    setup = get_engine("sglang").resolve(flags.split(), model=spec, cluster=load_cluster(cluster))
+    setup = get_engine("sglang").resolve(argv("sglang", flags), model=spec, cluster=load_cluster(cluster))
     assert kv_bytes_per_token(spec, setup.layout, range(spec.num_layers)) == per_gpu
 
 

@@ -9,9 +9,8 @@ SGLANG = get_engine("sglang")
 
 
 def resolve(flags: str, *, model="kimi-k2.6", cluster="8xrtx-pro-6000", version=None, env=None):
-    return SGLANG.resolve(
-        flags.split(), model=load_model(model), cluster=load_cluster(cluster), version=version, env=env
-    )
+    argv = ["--model-path", "some/model", *flags.split()]
+    return SGLANG.resolve(argv, model=load_model(model), cluster=load_cluster(cluster), version=version, env=env)
 
 
 def rules(setup):
@@ -170,6 +169,11 @@ def test_multi_node_rules():
 def test_cuda_visible_devices_limits_the_gpus():
     setup = resolve("--tp 8", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert "not_enough_gpus" in rules(setup) and setup.gpus_available == 4
+
+
+def test_model_path_is_required():
+    setup = SGLANG.resolve(["--tp", "8"], model=load_model("kimi-k2.6"), cluster=load_cluster("8xrtx-pro-6000"))
+    assert "the following arguments are required: --model-path/--model" in setup.rejections[0].engine_error
 
 
 def test_unknown_and_ambiguous_flags_are_the_parsers_errors():

@@ -41,6 +41,7 @@ class Option(Frozen):
     type: Literal["int", "float", "str", "bool", "json"]
     default: Any = None
     choices: tuple[str, ...] | None = None
+    required: bool = False
 
     def spellings(self, version: Version) -> list[str]:
         out = []
@@ -113,8 +114,9 @@ def _parser(table: FlagTable, version: Version) -> _Parser:
                 parser.add_argument(*option.off_flags, dest=name, action="store_false", default=None)
         else:
             kind = _TYPES.get(option.type, str)
+            choices = list(option.choices) if option.choices else None
             parser.add_argument(
-                *spellings, dest=name, type=kind, default=None, choices=list(option.choices) if option.choices else None
+                *spellings, dest=name, type=kind, default=None, choices=choices, required=option.required
             )
     for i, other in enumerate(table.other_flags):
         if other.takes == "flag":
