@@ -215,3 +215,9 @@ def test_gpu_tier_defaults():
     assert resolve("--tp 2 --dp-size 4", model="llama-3.1-8b").flags["cuda_graph_max_bs"] == 256
     assert resolve("--tp 8", cluster="8xb200").flags["chunked_prefill_size"] == 16384
     assert resolve("--tp 4", model="llama-3.1-8b", cluster="4x4090").flags["cuda_graph_max_bs"] == 160
+
+
+def test_versions_outside_the_checked_range_are_flagged():
+    assert not [n for n in resolve("--tp 8").notes if "outside the releases" in n.message]
+    old = resolve("--tp 8", version="0.4.10")
+    assert any("outside the releases these rules were read from (0.5.9 to 0.5.23)" in n.message for n in old.notes)

@@ -114,9 +114,8 @@ def _stage_weights(model: ModelSpec, layout: Layout) -> list[dict[str, float]]:
     if layout.options.spec and layout.options.spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers:
         weights += model_weights(model, mtp=True)  # the checkpoint's MTP layers are the draft
     for w in weights:
-        if w.layer is None or w.layer >= model.num_layers:
-            first = w.role == "embedding" or (w.role == "vision" and layout.pp > 1)
-            stage = 0 if first else layout.pp - 1
+        if w.layer is None or w.layer >= model.num_layers:  # embeddings and vision tower first; head, MTP last
+            stage = 0 if w.role in ("embedding", "vision") else layout.pp - 1
         else:
             stage = next(i for i, r in enumerate(ranges) if w.layer in r)
         per_gpu = w.bytes / _ways(w, layout, model)
@@ -178,12 +177,14 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     stage_weights = [sum(c.values()) for c in stage_components]
     rt = _runtime_bytes(layout)
     vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
-    chunk = opts.chunked_prefill_tokens or 8192
+    if opts.chunked_prefill_tokens is None or opts.memory_fraction is None:
+        raise ValueError("layout lacks its engine's chunked-prefill size or memory fraction; build it with an engine")
+    chunk = opts.chunked_prefill_tokens
     sampled = min(chunk, opts.max_running_requests or chunk)
     act = activation_bytes(model, layout, chunk, sampled=sampled)
     graphs = activation_bytes(model, layout, opts.cuda_graph_max_bs or 0, sampled=opts.cuda_graph_max_bs or 0)
     graphs = graphs if opts.cuda_graph else 0.0
-    fraction = opts.memory_fraction or 0.9
+    fraction = opts.memory_fraction
     kv_per_stage = []
     for weights in stage_weights:
         if opts.memory_fraction_of == "free_at_start":
@@ -197,7 +198,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
     per_gpu = _per_gpu(layout, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
     verdict, reason, error = _verdict(
-        model, layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells)
+        layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells)
     )
     state = model.linear_state_bytes / max(1, layout.attn_tp)
     return MemoryLedger(
@@ -212,7 +213,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         state_bytes_per_request=state,
         max_running_requests_per_rank=_running_slots(model, layout, tokens),
         ranks=layout.attn_dp * layout.replicas,
-        warnings=tuple(_headroom_warnings(per_gpu, layout) if verdict == "ok" else ())
+        warnings=tuple(_headroom_warnings(per_gpu) if verdict == "ok" else ())
         + _margin_warning(min(kv_per_stage), layout, verdict),
     )
 
@@ -240,7 +241,7 @@ def _per_gpu(
 
 
 def _verdict(
-    model: ModelSpec, layout: Layout, *, capacity: float, weights: float, rt: float, kv: float, tokens: int, cell: float
+    layout: Layout, *, capacity: float, weights: float, rt: float, kv: float, tokens: int, cell: float
 ) -> tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]:
     opts = layout.options
     if weights + rt > capacity:
@@ -280,15 +281,15 @@ def _verdict(
     return "ok", None, None
 
 
-def _running_slots(model: ModelSpec, layout: Layout, tokens: int) -> int | None:
-    """Request slots per attention-DP rank: SGLang's resolve_max_num_reqs when unset, or the configured limit."""
-    requested = layout.options.max_running_requests
-    if layout.engine == "sglang":
-        context = model.max_position_embeddings or 4096
-        estimated = max(min(int(tokens / context * 512), 4096), 2048)
-        limit = max(1, requested // layout.attn_dp) if requested else estimated
-        return min(limit, tokens // 2)
-    return requested
+def _running_slots(model: ModelSpec, layout: Layout, tokens: int) -> int:
+    """Request slots per attention-DP rank: the engine's limit, or, where the engine leaves it to the pool (SGLang
+    without --max-running-requests), resolve_max_num_reqs: tokens / context × 512 kept within 2048..4096. A
+    request needs at least two cache slots, so never more than tokens // 2."""
+    limit = layout.options.max_running_requests
+    if limit is None:
+        context = model.max_position_embeddings or tokens
+        limit = max(min(int(tokens / context * 512), 4096), 2048)
+    return min(limit, tokens // 2)
 
 
 def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, ...]:
@@ -305,7 +306,7 @@ def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, .
     )
 
 
-def _headroom_warnings(per_gpu: list[GpuMemory], layout: Layout) -> list[str]:
+def _headroom_warnings(per_gpu: list[GpuMemory]) -> list[str]:
     tight = min(per_gpu, key=lambda row: row.free_bytes)
     if tight.free_bytes >= 0:
         return []

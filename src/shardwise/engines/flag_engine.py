@@ -108,6 +108,7 @@ class FlagEngine:
             blocks=block_shapes(model),
         )
         rejections = tuple(run_rules(self.rules, ctx))
+        notes += self._version_note(version)
         used = self.gpus_used(flags)
         if not rejections and used < available:
             notes.append(Note(kind="warning", message=self.idle_note(flags, used, available)))
@@ -143,6 +144,18 @@ class FlagEngine:
         if remote_code:
             values["trust_remote_code"] = True
         return render_command(flag_table(self.name), version, model_ref=model_ref, values=values)
+
+    def _version_note(self, version: Version) -> list[Note]:
+        known = [Version(v) for v in flag_table(self.name).known_versions]
+        if min(known) <= version <= max(known):
+            return []
+        return [
+            Note(
+                kind="warning",
+                message=f"{self.display} {version} is outside the releases these rules were "
+                f"read from ({min(known)} to {max(known)}); flags and checks may differ",
+            )
+        ]
 
     def _gpus_available(self, cluster: ClusterSpec, flags: dict[str, Any], env: dict[str, str]) -> int:
         """GPUs one launch reaches: its nodes, and CUDA_VISIBLE_DEVICES on a single node."""

@@ -40,7 +40,7 @@ class EngineOptions(Frozen):
     eplb: bool = False
     kv_cache_dtype: str | None = Field(None, description="None = the model's dtype")
     chunked_prefill_tokens: int | None = None
-    max_running_requests: int | None = None
+    max_running_requests: int | None = Field(None, description="request slots per attention-DP rank")
     memory_fraction: float | None = Field(None, description="SGLang mem_fraction_static / vLLM gpu_memory_utilization")
     memory_fraction_of: Literal["free_at_start", "total"] = Field(
         "free_at_start",

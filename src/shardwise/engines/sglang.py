@@ -21,7 +21,6 @@ from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
 V0522, V0523 = Version("0.5.22"), Version("0.5.23")
-STRUCTURAL = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "attn_cp_size", "moe_dp_size", "ep_size", "dcp_size")
 
 
 def memory_tier(table_tiers: tuple[dict[str, Any], ...], cluster: ClusterSpec, version: Version) -> dict[str, Any]:
@@ -204,7 +203,9 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
         eplb=bool(f.get("enable_eplb")),
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
         chunked_prefill_tokens=f.get("chunked_prefill_size"),
-        max_running_requests=f.get("max_running_requests"),
+        max_running_requests=(
+            max(1, f["max_running_requests"] // f["attn_dp_size"]) if f.get("max_running_requests") else None
+        ),  # SGLang's limit is split per DP rank
         memory_fraction=f.get("mem_fraction_static"),
         memory_fraction_of="free_at_start",
         prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from shardwise.cost.comm import CollectiveCost
-from shardwise.hardware.profile import GpuProfile, LinkProfile, Quantity
+from shardwise.hardware.profile import GpuProfile, LinkProfile
 from shardwise.spec.catalog import CatalogEntry
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -74,10 +74,6 @@ def model_payload(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | 
         "attention": att.model_dump(),
         "moe": moe.model_dump() if moe else None,
     }
-
-
-def _quantity(q: Quantity | None) -> dict[str, Any] | None:
-    return q.model_dump(exclude_none=True) if q else None
 
 
 def gpu_payload(gpu: GpuProfile) -> dict[str, Any]:
