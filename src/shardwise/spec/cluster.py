@@ -23,7 +23,7 @@ from shardwise.hardware.profile import GpuProfile, LinkProfile
 DEFAULT_CLUSTER = "8xrtx-pro-6000"
 DEFAULT_NETWORK = "ib-ndr"  # one 400 Gb/s NIC per GPU, the usual H100/H200 build (AIC-S)
 MAX_GPUS_PER_NODE = 72  # an NVL72 rack is the largest single NVLink domain sold
-MAX_NODES = 4096
+MAX_NODES = 4096  # a sanity bound on input (larger clusters are typos), not a physical limit
 _SHORT = re.compile(r"^(?:(\d+)x)?(?:(\d+)x)?([a-z0-9][a-z0-9.\-]*)$")
 
 
