@@ -6,13 +6,21 @@ The public API, one layer at a time:
     ledger = weight_ledger(model)              # params and bytes per component
     cluster = load_cluster("8xrtx-pro-6000")   # or "2x8xh100", or a cluster YAML file
     cost = collective_cost(cluster, Collective.ALL_REDUCE, size_bytes=14_336, gpus=8)
+    checked = check_command("python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8",
+                            cluster=cluster)
+    memory = memory_ledger(checked.model, checked.setup.layout, cluster)
+    predictions = predict(checked.model, checked.setup.layout, cluster, memory,
+                          concurrency=[1, 8, 64], isl=1024, osl=1024)
 """
 
 from shardwise.cost.comm import CollectiveCost, collective_cost
+from shardwise.cost.memory import MemoryLedger, memory_ledger
+from shardwise.engines.check import check_command
 from shardwise.errors import DataError, ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import load_gpu, load_link
 from shardwise.hardware.profile import GpuProfile, LinkProfile
+from shardwise.serve.steady import Prediction, predict
 from shardwise.spec.catalog import catalog, load_model
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.model import ModelSpec
@@ -27,16 +35,21 @@ __all__ = [
     "DataError",
     "GpuProfile",
     "LinkProfile",
+    "MemoryLedger",
     "ModelSpec",
+    "Prediction",
     "ShardwiseError",
     "SpecError",
     "WeightLedger",
     "catalog",
+    "check_command",
     "collective_cost",
     "load_cluster",
     "load_gpu",
     "load_link",
     "load_model",
+    "memory_ledger",
     "model_weights",
+    "predict",
     "weight_ledger",
 ]

@@ -18,9 +18,13 @@ from shardwise.errors import ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
 from shardwise.hardware.load import load_gpu
+from shardwise.measure.reference import check_row, load_rows, summarise
 from shardwise.report import json as report_json
+from shardwise.report import predictions as report_predictions
 from shardwise.report import setups as report_setups
 from shardwise.report import table as report_table
+from shardwise.report import validation as report_validation
+from shardwise.serve.steady import predict
 from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
 from shardwise.spec.weights import weight_ledger
@@ -39,6 +43,17 @@ _state = {"debug": False}
 @app.callback()
 def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False) -> None:
     _state["debug"] = debug
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    """'1,8,64' → [1, 8, 64]; anything else is one clear error."""
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SpecError(f"{option} takes positive whole numbers separated by commas, e.g. 1,8,64; got {text!r}")
+    return values
 
 
 @app.command()
@@ -141,9 +156,13 @@ def check(
         int, typer.Option(min=1, help="Input tokens per request, for the concurrency the KV cache holds.")
     ] = 1024,
     osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    concurrency: Annotated[
+        str, typer.Option(help="Clients to predict serving figures for, comma-separated (closed loop).")
+    ] = "1,8,64",
     json: JsonFlag = False,
 ) -> None:
-    """Will this launch command start, and how? Give the command after --. Exit 1 if it would not start."""
+    """Will this launch command start, how, and how fast? Give the command after --. Exit 1 if it would not
+    start."""
     if not ctx.args:
         raise SpecError(
             "give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
@@ -158,13 +177,31 @@ def check(
             setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
         )
         memory = memory_ledger(checked.model, setup.layout, cluster_spec)
+    levels = _int_list(concurrency, "--concurrency")
+    predicted = None
+    if setup.layout is not None and memory is not None and report_setups.verdict(setup, memory) == "ok":
+        predicted = predict(checked.model, setup.layout, cluster_spec, memory, concurrency=levels, isl=isl, osl=osl)
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
+        payload["predicted"] = report_predictions.predictions_payload(predicted) if predicted else None
         typer.echo(report_json.dumps(payload))
     else:
         report_table.print_renderable(report_setups.check_view(setup, checked.model, memory, isl=isl, osl=osl))
+        if predicted:
+            report_table.print_renderable(report_predictions.predictions_table(predicted, isl=isl, osl=osl))
     if report_setups.verdict(setup, memory) != "ok":
         raise typer.Exit(1)
+
+
+@app.command()
+def validate(json: JsonFlag = False) -> None:
+    """Predict the bundled published measurements (CUDA graphs on) and report the error per metric."""
+    checked = [check_row(row) for row in load_rows()]
+    summary = summarise(checked)
+    if json:
+        typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary)))
+    else:
+        report_table.print_renderable(report_validation.validation_view(checked, summary))
 
 
 @app.command()

@@ -181,3 +181,49 @@ def test_layouts_json_lists_launch_commands():
     assert all(row["launch_command"].startswith("vllm serve moonshotai/Kimi-K2.6") for row in data)
     fitting = run_json("layouts", "--framework", "vllm")
     assert fitting and all(row["verdict"] == "ok" for row in fitting) and len(fitting) < len(data)
+
+
+def check_json(*args: str):
+    """`shardwise check --json OPTIONS -- COMMAND`: --json must come before the launch command."""
+    result = runner.invoke(app, ["check", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_check_predicts_serving_figures_at_each_concurrency():
+    payload = check_json(
+        "--concurrency", "1,8,64", "--isl", "1024", "--osl", "1024", "--",
+        "python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp", "8", "--ep", "8",
+        "--trust-remote-code", "--disable-cuda-graph",
+    )  # fmt: skip
+    predicted = payload["predicted"]
+    assert [p["concurrency"] for p in predicted] == [1, 8, 64]
+    for p in predicted:
+        assert {"output_tok_s", "per_user_tok_s", "tpot_ms", "ttft_ms", "bound", "breakdown"} <= set(p)
+        assert sum(p["breakdown"].values()) == pytest.approx(p["tpot_ms"], rel=1e-3)
+    one, eight, many = predicted
+    assert one["output_tok_s"] < eight["output_tok_s"] <= many["output_tok_s"]
+    assert many["bound"] == "kv_capacity"  # 64 clients of 2k tokens do not fit in the KV pool at once
+
+
+def test_check_honours_cuda_graphs_in_the_command():
+    base = ["python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp", "8"]
+    graphs = check_json("--concurrency", "1", "--", *base)["predicted"][0]
+    eager = check_json("--concurrency", "1", "--", *base, "--disable-cuda-graph")["predicted"][0]
+    assert graphs["output_tok_s"] > eager["output_tok_s"]
+    assert eager["breakdown"]["host"] > graphs["breakdown"]["host"]
+
+
+def test_bad_concurrency_is_one_line():
+    result = shardwise("check", "--concurrency", "1,x", "--", "python", "-m", "sglang.launch_server")
+    assert result.returncode == 2
+    assert "--concurrency takes positive whole numbers" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_reports_the_error_per_metric():
+    payload = run_json("validate")
+    metrics = {s["metric"]: s for s in payload["summary"]}
+    assert set(metrics) == {"output_tok_s", "tpot_ms"}
+    assert metrics["output_tok_s"]["rows"] == len([r for r in payload["rows"] if r["measured"]["output_tok_s"]])
+    assert all(r["predicted"]["output_tok_s"] for r in payload["rows"])  # every bundled row is covered

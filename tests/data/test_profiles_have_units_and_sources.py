@@ -2,7 +2,7 @@
 
 import pytest
 
-from shardwise.hardware.load import collective_tables, gpus, links, runtime, sources
+from shardwise.hardware.load import collective_tables, gpus, links, overheads, runtime, sources
 from shardwise.hardware.profile import Fact, Quantity
 
 DIMENSIONS = {
@@ -26,6 +26,10 @@ DIMENSIONS = {
     "non_torch_multi_gpu": "bytes",
     "deepep_buffers": "bytes",
     "vlm_cache": "bytes",
+    "eager_kernel_cpu": "s",
+    "kernel_gpu": "s",
+    "graph_launch_cpu": "s",
+    "scheduler_step_cpu": "s",
 }
 
 
@@ -39,7 +43,7 @@ def _figures(profile):
 
 
 def _all_figures():
-    for profile in [*gpus().values(), *links().values(), runtime()]:
+    for profile in [*gpus().values(), *links().values(), runtime(), overheads()]:
         for where, field, figure in _figures(profile):
             yield f"{profile.name}.{where}", field, figure
 

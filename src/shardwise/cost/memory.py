@@ -17,12 +17,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from shardwise.engines.layout import Layout, groups
+from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import runtime
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
-from shardwise.spec.weights import Weight, model_weights
+from shardwise.spec.weights import model_weights
 
 GiB = 2**30
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "mtp", "eagle", "eagle3")
@@ -75,37 +75,6 @@ class MemoryLedger(Frozen):
         return per_rank * self.ranks
 
 
-def stage_layers(num_layers: int, pp: int, extra: str) -> list[range]:
-    """Layer ranges of each pipeline stage: remainder layers on the last stages (SGLang get_pp_indices) or on
-    the stages before the last (vLLM get_pp_indices, which keeps the last stage for lm_head)."""
-    base, rest = divmod(num_layers, pp)
-    counts = [base] * pp
-    extra_stages = range(pp - rest, pp) if extra == "last" else range(pp - 1 - rest, pp - 1)
-    for i in extra_stages:
-        counts[i] += 1
-    starts = [sum(counts[:i]) for i in range(pp)]
-    return [range(s, s + c) for s, c in zip(starts, counts, strict=True)]
-
-
-def _ways(w: Weight, layout: Layout, model: ModelSpec) -> float:
-    """Over how many GPUs of a stage one tensor is divided (1 = a full copy on each)."""
-    if w.role in ("embedding", "lm_head"):
-        return layout.lm_head_tp
-    if w.role == "routed_experts" and model.moe:
-        return layout.moe_ep * layout.moe_tp / (1 + layout.redundant_experts / model.moe.num_experts)
-    if w.role == "shared_experts":
-        return layout.shared_tp
-    if w.role == "dense_mlp":
-        return layout.dense_tp
-    if w.role in ("attention", "linear_attention"):
-        if w.component in ("attn.q_a", "attn.kv_a", "mtp"):
-            return 1  # MLA down-projections are replicated
-        if w.component in ("attn.k", "attn.v"):
-            return min(layout.attn_tp, model.attention.num_kv_heads)  # KV heads replicate past their count
-        return layout.attn_tp
-    return 1  # router, norms, vision tower
-
-
 def _stage_weights(model: ModelSpec, layout: Layout) -> list[dict[str, float]]:
     """Bytes per component on one GPU of each stage."""
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
@@ -118,7 +87,7 @@ def _stage_weights(model: ModelSpec, layout: Layout) -> list[dict[str, float]]:
             stage = 0 if w.role in ("embedding", "vision") else layout.pp - 1
         else:
             stage = next(i for i, r in enumerate(ranges) if w.layer in r)
-        per_gpu = w.bytes / _ways(w, layout, model)
+        per_gpu = w.bytes / weight_ways(w, layout, model)
         stages[stage][w.component] = stages[stage].get(w.component, 0.0) + per_gpu
     return stages
 

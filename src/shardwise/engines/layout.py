@@ -17,6 +17,7 @@ from pydantic import Field, computed_field
 from shardwise.frozen import Frozen
 from shardwise.hardware.collectives import Collective
 from shardwise.spec.model import ModelSpec
+from shardwise.spec.weights import Weight
 
 MoeComm = Literal["allreduce", "all2all", "allgather_reducescatter"]
 
@@ -37,6 +38,9 @@ class EngineOptions(Frozen):
     cuda_graph: bool = True
     cuda_graph_max_bs: int | None = Field(None, description="largest decode batch captured; None = engine default")
     two_batch_overlap: bool = False
+    overlap_schedule: bool = Field(
+        True, description="the scheduler prepares the next batch while the GPU runs this one (hides its host time)"
+    )
     eplb: bool = False
     kv_cache_dtype: str | None = Field(None, description="None = the model's dtype")
     chunked_prefill_tokens: int | None = None
@@ -165,6 +169,40 @@ def groups(layout: Layout) -> dict[str, list[list[int]]]:
         if layout.pp > 1:
             out["pp"] += [[_gpu(layout, replica=r, stage=s, local=i) for s in range(layout.pp)] for i in range(n)]
     return out
+
+
+# --- which layers each stage holds, how each tensor is divided ----
+
+
+def stage_layers(num_layers: int, pp: int, extra: str) -> list[range]:
+    """Layer ranges of each pipeline stage: remainder layers on the last stages (SGLang get_pp_indices) or on
+    the stages before the last (vLLM get_pp_indices, which keeps the last stage for lm_head)."""
+    base, rest = divmod(num_layers, pp)
+    counts = [base] * pp
+    extra_stages = range(pp - rest, pp) if extra == "last" else range(pp - 1 - rest, pp - 1)
+    for i in extra_stages:
+        counts[i] += 1
+    starts = [sum(counts[:i]) for i in range(pp)]
+    return [range(s, s + c) for s, c in zip(starts, counts, strict=True)]
+
+
+def weight_ways(w: Weight, layout: Layout, model: ModelSpec) -> float:
+    """Over how many GPUs of a stage one tensor is divided (1 = a full copy on each)."""
+    if w.role in ("embedding", "lm_head"):
+        return layout.lm_head_tp
+    if w.role == "routed_experts" and model.moe:
+        return layout.moe_ep * layout.moe_tp / (1 + layout.redundant_experts / model.moe.num_experts)
+    if w.role == "shared_experts":
+        return layout.shared_tp
+    if w.role == "dense_mlp":
+        return layout.dense_tp
+    if w.role in ("attention", "linear_attention"):
+        if w.component in ("attn.q_a", "attn.kv_a", "mtp"):
+            return 1  # MLA down-projections are replicated
+        if w.component in ("attn.k", "attn.v"):
+            return min(layout.attn_tp, model.attention.num_kv_heads)  # KV heads replicate past their count
+        return layout.attn_tp
+    return 1  # router, norms, vision tower
 
 
 # --- how each component is split --------------------------------------------------------------------

@@ -200,6 +200,7 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
         cuda_graph=f["cuda_graph"],
         cuda_graph_max_bs=f.get("cuda_graph_max_bs"),
         two_batch_overlap=bool(f.get("enable_two_batch_overlap")),
+        overlap_schedule=not f.get("disable_overlap_schedule") and f["pp_size"] == 1,
         eplb=bool(f.get("enable_eplb")),
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
         chunked_prefill_tokens=f.get("chunked_prefill_size"),

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from shardwise.errors import DataError, SpecError
 from shardwise.hardware.collectives import CollectiveTables
-from shardwise.hardware.profile import GpuProfile, LinkProfile, RuntimeProfile
+from shardwise.hardware.profile import GpuProfile, LinkProfile, Overheads, RuntimeProfile
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -73,6 +73,13 @@ def runtime() -> RuntimeProfile:
     """Per-GPU memory of the CUDA stack and communication buffers."""
     path = data_dir() / "runtime.yaml"
     return validate(RuntimeProfile, read_yaml(path), origin=str(path))
+
+
+@cache
+def overheads() -> Overheads:
+    """Kernel-launch and scheduler times."""
+    path = data_dir() / "overheads.yaml"
+    return validate(Overheads, read_yaml(path), origin=str(path))
 
 
 @cache

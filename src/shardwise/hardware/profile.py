@@ -143,3 +143,13 @@ class RuntimeProfile(Frozen):
     non_torch_multi_gpu: Quantity
     deepep_buffers: Quantity
     vlm_cache: Quantity
+
+
+class Overheads(Frozen):
+    """Host and launch time of an engine step (data/hardware/overheads.yaml)."""
+
+    name: str
+    eager_kernel_cpu: Quantity = Field(description="host time to issue one kernel from eager PyTorch")
+    kernel_gpu: Quantity = Field(description="least GPU time of one separately launched kernel")
+    graph_launch_cpu: Quantity = Field(description="host time to replay one CUDA graph")
+    scheduler_step_cpu: Quantity = Field(description="host time per step for batching, sampling and output")

@@ -1,0 +1,105 @@
+"""Time of one op on one GPU: the slower of its FLOPs and its bytes, plus the fixed time of its kernels.
+
+    compute_s = flops / achievable FLOP/s of its dtype    (best measured GEMM, else the dense peak)
+    memory_s  = bytes / achievable bandwidth               (measured weight streaming, else the datasheet)
+    time_s    = max(compute_s, memory_s) + kernels × per-kernel GPU time
+
+The per-kernel term is why small kernels fall short of the roofline: a kernel that moves a few KB still
+occupies the GPU for its launch, block scheduling and drain (≈3 µs, the null-kernel latency).
+A collective costs what the cluster's link model says (measured tables, else ring α–β).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardwise.cost.comm import collective_cost
+from shardwise.hardware.load import overheads
+from shardwise.ops.types import Comm, Compute, OpClass
+from shardwise.spec.cluster import ClusterSpec
+
+Bound = str  # "compute" | "memory" | "comm" | "launch"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rates:
+    """What one GPU can achieve, and where each figure comes from."""
+
+    bandwidth_bytes_per_s: float
+    bandwidth_measured: bool
+    flops_per_s: dict[str, float]
+    kernel_gpu_s: float
+
+
+def rates(cluster: ClusterSpec) -> Rates:
+    gpu, oh = cluster.gpu, overheads()
+    measured = gpu.mem_bandwidth_measured_bytes_per_s
+    flops = {}
+    for dtype in ("bf16", "fp8", "fp4"):
+        best = gpu.gemm_measured.get(dtype)
+        rate = best.si("flop_per_s") if best else gpu.dense_flops_per_s(dtype)
+        if rate:
+            flops[dtype] = rate
+    for dtype in ("fp8", "fp4"):  # no tensor path for the dtype: the kernels upcast to BF16
+        flops.setdefault(dtype, flops["bf16"])
+    return Rates(
+        bandwidth_bytes_per_s=measured or gpu.mem_bandwidth_bytes_per_s,
+        bandwidth_measured=measured is not None,
+        flops_per_s=flops,
+        kernel_gpu_s=oh.kernel_gpu.si("s"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpCost:
+    """One op's share of a step, over all its executions (`count` of them)."""
+
+    name: str
+    op_class: OpClass
+    stage: int
+    count: int
+    kernels: int  # launches per step
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    launch_s: float  # per-kernel GPU time
+    time_s: float  # GPU time on the critical path
+    bound: Bound
+    hidden: bool = False  # overlapped with other work (two-batch overlap): not on the critical path
+
+    @property
+    def achieved_fraction(self) -> float:
+        """Share of the roofline this op reaches (1 = at the bound's peak)."""
+        ideal = max(self.compute_s, self.memory_s, self.comm_s)
+        return ideal / self.time_s if self.time_s else 1.0
+
+
+def compute_cost(op: Compute, r: Rates) -> OpCost:
+    compute = op.flops / r.flops_per_s[op.dtype]
+    memory = op.bytes / r.bandwidth_bytes_per_s
+    launch = op.kernels * r.kernel_gpu_s
+    one = max(compute, memory) + launch
+    bound = "launch" if launch > max(compute, memory) else ("compute" if compute > memory else "memory")
+    return OpCost(
+        name=op.name, op_class=op.op_class, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
+        flops=op.flops * op.count, bytes=op.bytes * op.count, compute_s=compute * op.count,
+        memory_s=memory * op.count, comm_s=0.0, launch_s=launch * op.count, time_s=one * op.count, bound=bound,
+    )  # fmt: skip
+
+
+def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None = None) -> OpCost:
+    """A collective's time from the link model; `cache` remembers times by (op, size, group, impl)."""
+    key = (op.collective, op.size_bytes, op.group, op.impl)
+    if cache is None or key not in cache:
+        one = collective_cost(cluster, op.collective, size_bytes=op.size_bytes, gpus=op.group, impl=op.impl).time_s
+        if cache is None:
+            cache = {}
+        cache[key] = one
+    total = cache[key] * op.count
+    return OpCost(
+        name=op.name, op_class=OpClass.COMM, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
+        flops=0.0, bytes=op.size_bytes * op.count, compute_s=0.0, memory_s=0.0, comm_s=total, launch_s=0.0,
+        time_s=total, bound="comm", hidden=op.overlapped,
+    )  # fmt: skip

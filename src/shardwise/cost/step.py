@@ -1,0 +1,124 @@
+"""Time of one engine step, per pipeline stage, as a ledger whose parts add up to the whole.
+
+The GPU side of a stage is the sum of its ops (collectives included; those two-batch overlap hides count
+only where they outlast the compute beside them). The host side is what it takes to issue the kernels:
+each launch in eager mode, one graph replay with CUDA graphs. The host runs ahead of the GPU, so a stage
+takes the longer of the two; the difference, when the host is longer, is launch overhead. A scheduler
+that does not overlap (pipeline parallelism, --disable-overlap-schedule) adds its host time to every stage.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from shardwise.cost.roofline import OpCost, comm_cost, compute_cost, rates
+from shardwise.engines.layout import Layout
+from shardwise.hardware.load import overheads
+from shardwise.ops.build import StepModel
+from shardwise.ops.types import Compute, Phase
+from shardwise.spec.cluster import ClusterSpec
+
+PARTS = ("compute", "memory", "comm", "launch", "host")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCost:
+    stage: int
+    gpu_s: float
+    host_s: float
+    time_s: float
+    parts_s: dict[str, float]  # compute / memory / comm / launch / host: sums to time_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCost:
+    """One step of a batch through every stage (the latency of one micro-batch through the pipeline)."""
+
+    phase: Phase
+    requests: int
+    new_tokens: int
+    context_tokens: int
+    ops: tuple[OpCost, ...]
+    stages: tuple[StageCost, ...]
+
+    @property
+    def time_s(self) -> float:
+        return sum(s.time_s for s in self.stages)
+
+    @property
+    def slowest_stage_s(self) -> float:
+        return max(s.time_s for s in self.stages)
+
+    @property
+    def parts_s(self) -> dict[str, float]:
+        """compute / memory / comm / launch / host seconds over all stages: they sum to time_s."""
+        out = dict.fromkeys(PARTS, 0.0)
+        for s in self.stages:
+            for key, value in s.parts_s.items():
+                out[key] += value
+        return out
+
+    @property
+    def bound(self) -> str:
+        parts = self.parts_s
+        return max(parts, key=parts.__getitem__)
+
+    def by_class_s(self) -> dict[str, float]:
+        """GPU time per op class (gemm, experts, attention, elementwise, sampling, comm), every stage."""
+        out: dict[str, float] = defaultdict(float)
+        for op in self.ops:
+            if not op.hidden:
+                out[op.op_class.value] += op.time_s
+        return dict(out)
+
+
+class StepCostModel:
+    """Prices steps of one layout on one cluster; build once, call `step` for each batch."""
+
+    def __init__(self, step_model: StepModel) -> None:
+        self.step_model = step_model
+        layout: Layout = step_model.layout
+        self.cluster: ClusterSpec = step_model.cluster
+        self.rates = rates(self.cluster)
+        oh = overheads()
+        self._eager_s = oh.eager_kernel_cpu.si("s")
+        self._graph_s = oh.graph_launch_cpu.si("s")
+        self._scheduler_s = 0.0 if layout.options.overlap_schedule else oh.scheduler_step_cpu.si("s")
+        self._graphs = layout.options.cuda_graph
+        self._graph_max = layout.options.cuda_graph_max_bs
+        self._comm_times: dict[tuple, float] = {}
+
+    def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
+        ops = self.step_model.ops(phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens)
+        costs = tuple(
+            compute_cost(op, self.rates) if isinstance(op, Compute) else comm_cost(op, self.cluster, self._comm_times)
+            for op in ops
+        )
+        layout = self.step_model.layout
+        rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
+        graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
+        stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed) for s in range(layout.pp))
+        return StepCost(
+            phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens, ops=costs,
+            stages=stages,
+        )  # fmt: skip
+
+    def _stage(self, stage: int, costs: list[OpCost], graphed: bool) -> StageCost:
+        parts = dict.fromkeys(PARTS, 0.0)
+        hidden_comm = sum(c.comm_s for c in costs if c.hidden)
+        for c in costs:
+            if c.hidden:
+                continue
+            if c.op_class.value == "comm":
+                parts["comm"] += c.comm_s
+            else:
+                parts["launch"] += c.launch_s
+                parts["compute" if c.compute_s > c.memory_s else "memory"] += c.time_s - c.launch_s
+        busy = parts["compute"] + parts["memory"]
+        parts["comm"] += max(0.0, hidden_comm - busy)
+        gpu = sum(parts.values())
+        kernels = sum(c.kernels for c in costs)
+        host = self._graph_s if graphed else kernels * self._eager_s
+        parts["host"] = max(0.0, host - gpu) + self._scheduler_s  # a scheduler that does not overlap, every stage
+        return StageCost(stage=stage, gpu_s=gpu, host_s=host, time_s=gpu + parts["host"], parts_s=parts)

@@ -1,0 +1,337 @@
+"""The ops of one forward step of a layout: per pipeline stage, on its busiest GPU.
+
+`StepModel(model, layout, cluster)` reads the weights once (exact checkpoint bytes, split as the layout
+splits them); `.ops(phase=…, requests=…, new_tokens=…, context_tokens=…)` then lists the ops of one step
+for a batch. Layers of the same kind (attention type × MLP type) are listed once with a count. Engine-free:
+kernel counts follow the structure of a standard forward (one launch per projection, norm, rotary,
+activation; attention as split-KV plus merge; a fused MoE as align, two grouped GEMMs, activation, sum).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from shardwise.engines.layout import Layout, comm_steps, groups, stage_layers, weight_ways
+from shardwise.hardware.collectives import Collective
+from shardwise.ops.routing import busiest_rank
+from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.model import ModelSpec
+from shardwise.spec.weights import Weight, model_weights
+
+GEMM_ROLES = ("attention", "linear_attention", "dense_mlp", "shared_experts", "router")
+ACT_BYTES = 2  # activations travel in BF16
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """One weight component of one layer, as held by one GPU."""
+
+    name: str
+    params: float  # elements on this GPU
+    bytes: float  # on this GPU
+    dtype: str  # tensor-core dtype of its GEMM
+
+
+def _gemm_kernels(component: str, model: ModelSpec, phase: Phase) -> int:
+    """Launches of one projection: gate-up, activation and down for an MLP; for MLA decode the kv_b
+    weights run as two batched GEMMs (absorbed into q and out of the latent) plus a copy."""
+    if component in ("dense_mlp", "shared_experts"):
+        return 3
+    if component == "attn.kv_b" and phase is Phase.DECODE and model.attention.kind == "mla":
+        return 3
+    return 1
+
+
+def _dtype(w: Weight) -> str:
+    bits = w.format.activation_bits if w.format else 16
+    return {4: "fp4", 8: "fp8"}.get(bits, "bf16")
+
+
+_WEIGHTS: dict[int, tuple[ModelSpec, list[Weight]]] = {}
+
+
+def _weights(model: ModelSpec) -> list[Weight]:
+    """model_weights, remembered for the last few models (every layout of a model reads the same tensors)."""
+    held = _WEIGHTS.get(id(model))
+    if held is None or held[0] is not model:
+        if len(_WEIGHTS) >= 8:
+            _WEIGHTS.pop(next(iter(_WEIGHTS)))
+        held = _WEIGHTS[id(model)] = (model, model_weights(model))
+    return held[1]
+
+
+def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
+    return model.layer_attention[layer], model.layer_mlp[layer]
+
+
+class StepModel:
+    """A layout's step, ready to be listed for any batch."""
+
+    def __init__(self, model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> None:
+        self.model, self.layout, self.cluster = model, layout, cluster
+        self._groups = groups(layout)
+        self._stage_kinds = self._count_kinds()
+        self._matrices, self._experts, self._head = self._read_weights()
+        self._comm = comm_steps(layout, model)
+        self._ar_impl = self._allreduce_impl()
+
+    # --- set-up --------------------------------------------------------------------------------------
+
+    def _count_kinds(self) -> list[Counter[tuple[str, str]]]:
+        ranges = stage_layers(self.model.num_layers, self.layout.pp, self.layout.pp_extra_layers)
+        return [Counter(_kind(self.model, i) for i in r) for r in ranges]
+
+    def _read_weights(self) -> tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], float]:
+        """Per layer kind: its GEMM matrices on one GPU; its routed experts (bytes of ONE expert, one GPU's
+        slice); and the lm_head bytes on one GPU."""
+        first = {}
+        for layer in range(self.model.num_layers):
+            first.setdefault(_kind(self.model, layer), layer)
+        by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
+        experts: dict[tuple[str, str], _Matrix] = {}
+        head = 0.0
+        for w in _weights(self.model):
+            ways = weight_ways(w, self.layout, self.model)
+            if w.role == "lm_head" or (w.role == "embedding" and self.model.tie_word_embeddings):
+                head += w.bytes / ways
+            if w.layer not in by_layer or len(w.shape) != 2:
+                continue
+            kind = _kind(self.model, w.layer)
+            if w.role == "routed_experts":
+                share = w.count * self.layout.moe_tp
+                old = experts.get(kind)
+                experts[kind] = _Matrix(
+                    "experts",
+                    w.params / share + (old.params if old else 0.0),
+                    w.bytes / share + (old.bytes if old else 0.0),
+                    _dtype(w),
+                )
+            elif w.role in GEMM_ROLES:
+                mats = by_layer[w.layer]
+                old = mats.get(w.component)
+                mats[w.component] = _Matrix(
+                    w.component,
+                    w.params / ways + (old.params if old else 0.0),
+                    w.bytes / ways + (old.bytes if old else 0.0),
+                    _dtype(w),
+                )
+        matrices = {kind: list(by_layer[layer].values()) for kind, layer in first.items()}
+        return matrices, experts, head
+
+    def _allreduce_impl(self) -> str:
+        """Custom all-reduce runs over NVLink and over PCIe only for two GPUs; beyond that the engines fall back
+        to NCCL (vLLM and SGLang custom_all_reduce.py: 'not supported on more than two PCIe-only GPUs')."""
+        if self.cluster.gpu.has_gpu_link and self.cluster.intra.p2p:
+            return "custom"
+        return "custom" if self.layout.attn_tp <= 2 and self.cluster.intra.p2p else "nccl"
+
+    # --- one step ------------------------------------------------------------------------------------
+
+    def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
+        """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
+        prefill) to a context of `context_tokens` already cached."""
+        lay = self.layout
+        rank_requests = math.ceil(requests / (lay.attn_dp * lay.replicas))  # busiest attention-DP rank
+        rank_tokens = rank_requests * new_tokens
+        stage_tokens = rank_tokens * lay.attn_dp  # what an MLP split over the stage sees
+        out: list[Op] = []
+        for stage, kinds in enumerate(self._stage_kinds):
+            for kind, count in kinds.items():
+                out += self._layer(
+                    kind, stage=stage, count=count, phase=phase, rank_requests=rank_requests,
+                    rank_tokens=rank_tokens, stage_tokens=stage_tokens, new_tokens=new_tokens,
+                    context=context_tokens,
+                )  # fmt: skip
+            out += self._comms(stage, kinds, rank_tokens=rank_tokens, stage_tokens=stage_tokens)
+        out += self._ends(rank_requests=rank_requests, rank_tokens=rank_tokens, phase=phase)
+        return out
+
+    def _layer(
+        self,
+        kind: tuple[str, str],
+        *,
+        stage: int,
+        count: int,
+        phase: Phase,
+        rank_requests: int,
+        rank_tokens: int,
+        stage_tokens: int,
+        new_tokens: int,
+        context: int,
+    ) -> list[Op]:
+        h = self.model.hidden_size
+        ops: list[Op] = []
+        mlp_tokens = stage_tokens if self.layout.moe_comm != "all2all" else rank_tokens
+        for m in self._matrices[kind]:
+            mlp = m.name.startswith(("dense_mlp", "shared_experts", "router"))
+            tokens = mlp_tokens if mlp and self.layout.attn_dp > 1 and m.name.startswith("dense") else rank_tokens
+            if m.name.startswith(("shared_experts", "router")) and self.layout.moe_comm != "all2all":
+                tokens = mlp_tokens
+            ops.append(
+                Compute(
+                    name=m.name,
+                    op_class=OpClass.GEMM,
+                    stage=stage,
+                    count=count,
+                    flops=2 * tokens * m.params,
+                    bytes=m.bytes + tokens * ACT_BYTES * (h + m.params / h),
+                    weight_bytes=m.bytes,
+                    dtype=m.dtype,
+                    kernels=_gemm_kernels(m.name, self.model, phase),
+                )
+            )
+        ops.append(self._attention(kind[0], stage, count, phase, rank_requests, new_tokens, context))
+        # two residual-add norms, rotary, cache write (+ the q_a and kv_a norms of MLA), the MoE output add
+        elementwise = (6 if self.model.attention.kind == "mla" else 4) + (kind[1] == "moe")
+        ops.append(
+            Compute(
+                name="norms, rotary, residual",
+                op_class=OpClass.ELEMENTWISE,
+                stage=stage,
+                count=count,
+                flops=0.0,
+                bytes=elementwise * 2 * rank_tokens * h * ACT_BYTES,
+                weight_bytes=0.0,
+                dtype="bf16",
+                kernels=elementwise,
+            )
+        )
+        if kind[1] == "moe":
+            ops.append(self._routed_experts(kind, stage, count, mlp_tokens))
+        return ops
+
+    def _attention(
+        self, attention: str, stage: int, count: int, phase: Phase, requests: int, new_tokens: int, context: int
+    ) -> Compute:
+        """The attention kernel of one layer: reads every cached token of every request once, and computes
+        each new token against them (prefill: causal, so the chunk's own tokens count half)."""
+        model, lay = self.model, self.layout
+        att = model.attention
+        heads = att.num_heads / lay.attn_tp
+        if attention == "linear" and model.linear_attention is not None:
+            state = model.linear_state_bytes / max(1, sum(k == "linear" for k in model.layer_attention))
+            lin = model.linear_attention
+            flops = 4 * requests * new_tokens * lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
+            return Compute(
+                name="linear attention", op_class=OpClass.ATTENTION, stage=stage, count=count,
+                flops=flops / lay.attn_tp, bytes=2 * requests * state / lay.attn_tp, weight_bytes=0.0,
+                dtype="bf16", kernels=3,
+            )  # fmt: skip
+        seen = context + (new_tokens / 2 if phase is Phase.PREFILL else new_tokens)
+        if attention == "sliding" and model.sliding_window:
+            seen = min(seen, model.sliding_window)
+            context = min(context, model.sliding_window)
+        cached = context + new_tokens
+        per_token_cache = model.kv_bytes_per_token_per_layer()
+        if att.kind == "mla" and att.mla is not None:
+            latent = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim
+            if phase is Phase.DECODE:  # absorbed: scores over the latent + rope key, values from the latent
+                per_pair = 2 * (latent + att.mla.kv_lora_rank)
+            else:  # prefill expands the latent into per-head keys and values
+                per_pair = 2 * (att.head_dim + att.mla.v_head_dim)
+            cache_share = 1.0 / lay.dcp  # the latent is replicated over attention TP; DCP interleaves it
+        else:
+            per_pair = 2 * 2 * att.head_dim
+            kv_heads = att.num_kv_heads
+            cache_share = max(1, kv_heads // max(1, lay.attn_tp)) / kv_heads / lay.dcp
+        flops = requests * new_tokens * heads * seen * per_pair / lay.dcp
+        kv_bytes = requests * cached * per_token_cache * cache_share
+        return Compute(
+            name="attention",
+            op_class=OpClass.ATTENTION,
+            stage=stage,
+            count=count,
+            flops=flops,
+            bytes=kv_bytes,
+            weight_bytes=0.0,
+            dtype="bf16",
+            kernels=2,  # split-KV partials + merge
+        )
+
+    def _routed_experts(self, kind: tuple[str, str], stage: int, count: int, tokens: int) -> Compute:
+        moe, lay = self.model.moe, self.layout
+        assert moe is not None
+        one = self._experts[kind]
+        load = busiest_rank(
+            tokens=max(1, tokens * (1 if lay.moe_comm != "all2all" else lay.attn_dp)) if tokens else 0,
+            num_experts=moe.num_experts,
+            top_k=moe.top_k,
+            ranks=lay.moe_ep,
+            balanced=lay.options.eplb,
+        )
+        h = self.model.hidden_size
+        return Compute(
+            name="routed experts",
+            op_class=OpClass.EXPERTS,
+            stage=stage,
+            count=count,
+            flops=2 * load.assignments * one.params,
+            bytes=load.distinct_experts * one.bytes + load.assignments * ACT_BYTES * (2 * h + 3 * one.params / h),
+            weight_bytes=load.distinct_experts * one.bytes,
+            dtype=one.dtype,
+            kernels=9,  # top-k, expert map, align/sort (2), workspace zeroing, gate-up GEMM, activation, down, sum
+        )
+
+    def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, rank_tokens: int, stage_tokens: int) -> list[Op]:
+        layers = sum(kinds.values())
+        per_count = {
+            "layer": layers,
+            "moe_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "moe"),
+            "dense_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "dense"),
+            "step": 0,
+            "stage_boundary": 0,
+        }
+        out: list[Op] = []
+        for c in self._comm:
+            count = per_count[c.per]
+            if not count:
+                continue
+            group = self._group(c.group, c.group_size, stage)
+            size = c.bytes_per_token * (stage_tokens if c.group == "stage" else rank_tokens)
+            if c.op is Collective.ALL_TO_ALL:
+                size = c.bytes_per_token * rank_tokens
+            impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
+            out.append(
+                Comm(name=c.where, stage=stage, count=count, collective=c.op, group=group, size_bytes=size,
+                     impl=impl, overlapped=self.layout.options.two_batch_overlap and c.per == "moe_layer")
+            )  # fmt: skip
+        return out
+
+    def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
+        key = {"attn_tp": "attn_tp", "moe_ep": "moe_ep", "stage": "stage"}.get(name, "stage")
+        per_stage = len(self._groups[key]) // (self.layout.pp * self.layout.replicas)
+        candidates = self._groups[key][stage * per_stage : (stage + 1) * per_stage] or self._groups[key]
+        return tuple(candidates[0][:size])
+
+    def _ends(self, *, rank_requests: int, rank_tokens: int, phase: Phase) -> list[Op]:
+        """Embedding lookup on the first stage; final norm, lm_head (last token of each request), logits
+        gather and sampling on the last."""
+        h, vocab, lay = self.model.hidden_size, self.model.vocab_size, self.layout
+        last = lay.pp - 1
+        sampled = rank_requests
+        ops: list[Op] = [
+            Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
+                    bytes=2 * rank_tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16"),
+            Compute(name="lm_head", op_class=OpClass.GEMM, stage=last, count=1,
+                    flops=2 * sampled * self._head / ACT_BYTES, bytes=self._head + sampled * vocab / lay.lm_head_tp * 4,
+                    weight_bytes=self._head, dtype="bf16"),
+            Compute(name="sampling", op_class=OpClass.SAMPLING, stage=last, count=1, flops=0.0,
+                    bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4),
+        ]  # fmt: skip
+        if lay.lm_head_tp > 1:
+            stage_group = self._group("stage", lay.lm_head_tp, last)
+            ops.append(Comm(name="embedding lookup (vocab-parallel)", stage=0, count=1,
+                            collective=Collective.ALL_REDUCE, group=self._group("stage", lay.lm_head_tp, 0),
+                            size_bytes=rank_tokens * h * ACT_BYTES))  # fmt: skip
+            ops.append(Comm(name="logits (vocab-parallel lm_head)", stage=last, count=1,
+                            collective=Collective.ALL_GATHER, group=stage_group,
+                            size_bytes=sampled * vocab * ACT_BYTES))  # fmt: skip
+        if lay.pp > 1:
+            pair = tuple(g[0] for g in self._groups["stage"][:2])
+            ops.append(Comm(name="activations to the next stage", stage=0, count=lay.pp - 1,
+                            collective=Collective.SEND_RECV, group=pair,
+                            size_bytes=rank_tokens * h * ACT_BYTES))  # fmt: skip
+        return ops

@@ -1,0 +1,44 @@
+"""Predicted serving figures as JSON and as a table with the step-time breakdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from shardwise.serve.steady import Prediction
+
+PART_LABELS = {
+    "memory": "mem",
+    "compute": "comp",
+    "comm": "comm",
+    "launch": "kern",
+    "host": "host",
+    "pipeline": "pipe",
+    "prefill": "pref",
+}
+
+
+def predictions_payload(predictions: list[Prediction]) -> list[dict[str, Any]]:
+    return [p.as_dict() for p in predictions]
+
+
+def predictions_table(predictions: list[Prediction], *, isl: int, osl: int) -> Table:
+    parts = [k for k in PART_LABELS if any(p.breakdown_s.get(k) for p in predictions)]
+    table = Table(title=f"predicted, {isl} in / {osl} out, closed loop; ms of each output token by part")
+    for name in ("C", "run", "tok/s", "/user", "TPOT", "TTFT", "bound"):
+        table.add_column(name, justify="left" if name == "bound" else "right")
+    for key in parts:
+        table.add_column(PART_LABELS[key], justify="right")
+    for p in predictions:
+        table.add_row(
+            str(p.concurrency),
+            str(p.running),
+            f"{p.output_tok_s:,.0f}",
+            f"{p.per_user_tok_s:,.1f}",
+            f"{p.tpot_s * 1e3:,.1f}",
+            f"{p.ttft_s * 1e3:,.0f}",
+            p.bound.replace("kv_capacity", "KV"),
+            *(f"{p.breakdown_s.get(k, 0.0) * 1e3:,.1f}" for k in parts),
+        )
+    return table

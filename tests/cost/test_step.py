@@ -1,0 +1,124 @@
+"""Step time: hand-computed figures and the physical sanity of the model."""
+
+import pytest
+
+from shardwise.cost.memory import memory_ledger
+from shardwise.cost.step import StepCostModel
+from shardwise.engines.check import check_command
+from shardwise.hardware.load import overheads
+from shardwise.ops.build import StepModel
+from shardwise.ops.types import Comm, Compute, Phase
+from shardwise.spec.cluster import load_cluster
+from shardwise.spec.weights import model_weights
+
+SGLANG = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --trust-remote-code "
+
+
+def _costs(flags: str, gpus: str = "8xrtx-pro-6000", model: str | None = None) -> StepCostModel:
+    cluster = load_cluster(gpus)
+    checked = check_command(SGLANG + flags, cluster=cluster, model=model)
+    return StepCostModel(StepModel(checked.model, checked.setup.layout, cluster))
+
+
+@pytest.fixture(scope="module")
+def tp8():
+    return _costs("--tp 8")
+
+
+def test_batch_one_reads_top_k_expert_slices_and_every_attention_slice(tp8):
+    ops = tp8.step_model.ops(phase=Phase.DECODE, requests=1, new_tokens=1, context_tokens=0)
+    experts = next(o for o in ops if isinstance(o, Compute) and o.name == "routed experts")
+    model = tp8.step_model.model
+    one_layer = [w for w in model_weights(model) if w.layer == 1 and w.role == "routed_experts"]
+    per_expert = sum(w.bytes for w in one_layer) / model.moe.num_experts
+    assert experts.weight_bytes == pytest.approx(8 * per_expert / 8)  # 8 experts, each 1/8 on this GPU
+    assert experts.count == 60  # 60 MoE layers, all on the one stage
+
+
+def test_tp8_decode_runs_two_all_reduces_per_layer(tp8):
+    ops = tp8.step_model.ops(phase=Phase.DECODE, requests=1, new_tokens=1, context_tokens=0)
+    per_layer = [o for o in ops if isinstance(o, Comm) and o.collective.value == "all_reduce"]
+    assert sum(o.count for o in per_layer) == 61 + 60 + 1 + 1  # attention, MoE, dense MLP, embedding
+
+
+def test_tp8_all_reduce_time_is_the_measured_pcie_latency(tp8):
+    step = tp8.step(phase=Phase.DECODE, requests=1, context_tokens=1024)
+    comm = sum(c.comm_s for c in step.ops if c.op_class.value == "comm")
+    # 123 small all-reduces at ≈25 µs (nccl-tests, 8× RTX PRO 6000) plus one logits all-gather: 3–4 ms
+    assert 3.0e-3 < comm < 4.0e-3
+
+
+def test_eager_host_time_is_one_launch_per_kernel():
+    step = _costs("--tp 8 --disable-cuda-graph").step(phase=Phase.DECODE, requests=1, context_tokens=1024)
+    kernels = sum(c.kernels for c in step.ops)
+    assert step.stages[0].host_s == pytest.approx(kernels * overheads().eager_kernel_cpu.si("s"))
+    graphed = _costs("--tp 8").step(phase=Phase.DECODE, requests=1, context_tokens=1024)
+    assert graphed.stages[0].host_s == pytest.approx(overheads().graph_launch_cpu.si("s"))
+
+
+def test_parts_add_up_to_the_step(tp8):
+    for batch in (1, 64):
+        step = tp8.step(phase=Phase.DECODE, requests=batch, context_tokens=2048)
+        assert sum(step.parts_s.values()) == pytest.approx(step.time_s)
+
+
+# --- physical sanity ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", ["--tp 8", "--tp 8 --ep 8", "--pp-size 8", "--tp 8 --disable-cuda-graph"])
+def test_batch_one_is_never_faster_than_its_bytes_at_full_bandwidth(flags):
+    costs = _costs(flags)
+    step = costs.step(phase=Phase.DECODE, requests=1, context_tokens=1024)
+    bandwidth = costs.cluster.gpu.mem_bandwidth_bytes_per_s  # the datasheet: above anything achieved
+    for stage in step.stages:
+        must_read = sum(c.bytes for c in step.ops if c.stage == stage.stage and c.op_class.value != "comm")
+        assert stage.time_s >= must_read / bandwidth
+
+
+@pytest.mark.parametrize("flags", ["--tp 8", "--tp 8 --ep 8", "--pp-size 8"])
+def test_throughput_per_step_never_falls_as_the_batch_grows(flags):
+    costs = _costs(flags)
+    rates = [
+        b / costs.step(phase=Phase.DECODE, requests=b, context_tokens=1024).time_s
+        for b in (1, 2, 4, 8, 16, 32, 64, 128)
+    ]
+    assert all(later >= earlier * 0.999 for earlier, later in zip(rates, rates[1:], strict=False))
+
+
+@pytest.mark.parametrize("flags", ["--tp 8", "--tp 8 --ep 8", "--pp-size 8"])
+def test_more_context_never_makes_a_step_faster(flags):
+    costs = _costs(flags)
+    times = [costs.step(phase=Phase.DECODE, requests=16, context_tokens=c).time_s for c in (0, 1024, 8192, 65536)]
+    assert times == sorted(times)
+    prefill = [costs.step(phase=Phase.PREFILL, requests=1, new_tokens=1024, context_tokens=c).time_s for c in (0, 8192)]
+    assert prefill == sorted(prefill)
+
+
+@pytest.mark.parametrize("flags", ["--tp 8", "--tp 8 --ep 8", "--tp 8 --dp 8 --enable-dp-attention"])
+def test_nvlink_is_never_slower_than_pcie_for_the_same_layout(flags):
+    pcie = _costs(flags, gpus="8xh100-pcie", model="kimi-k2.6")
+    nvlink = _costs(flags, gpus="8xh100", model="kimi-k2.6")
+    for batch in (1, 32, 256):
+        slow = pcie.step(phase=Phase.DECODE, requests=batch, context_tokens=1024)
+        fast = nvlink.step(phase=Phase.DECODE, requests=batch, context_tokens=1024)
+        comm = lambda s: sum(c.comm_s for c in s.ops)  # noqa: E731
+        assert comm(fast) <= comm(slow)
+
+
+def test_removing_communication_never_slows_a_step(tp8, monkeypatch):
+    with_comm = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
+    original = tp8.step_model.ops
+
+    def without_comm(**kwargs):
+        return [op for op in original(**kwargs) if not isinstance(op, Comm)]
+
+    monkeypatch.setattr(tp8.step_model, "ops", without_comm)
+    alone = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
+    assert alone.time_s <= with_comm.time_s
+    assert alone.time_s < with_comm.time_s - 1e-3  # TP8 over PCIe spends milliseconds in all-reduces
+
+
+def test_memory_verdict_of_the_sanity_layouts_is_ok():
+    cluster = load_cluster("8xrtx-pro-6000")
+    checked = check_command(SGLANG + "--tp 8 --ep 8", cluster=cluster)
+    assert memory_ledger(checked.model, checked.setup.layout, cluster).verdict == "ok"
