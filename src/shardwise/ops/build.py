@@ -164,12 +164,15 @@ class StepModel:
     ) -> list[Op]:
         h = self.model.hidden_size
         ops: list[Op] = []
-        mlp_tokens = stage_tokens if self.layout.moe_comm != "all2all" else rank_tokens
+        lay = self.layout
+        gathered = lay.attn_dp > 1 and lay.moe_comm != "all2all"  # the MoE block sees every DP rank's tokens
         for m in self._matrices[kind]:
-            mlp = m.name.startswith(("dense_mlp", "shared_experts", "router"))
-            tokens = mlp_tokens if mlp and self.layout.attn_dp > 1 and m.name.startswith("dense") else rank_tokens
-            if m.name.startswith(("shared_experts", "router")) and self.layout.moe_comm != "all2all":
-                tokens = mlp_tokens
+            if m.name.startswith(("shared_experts", "router")):
+                tokens = stage_tokens if gathered else rank_tokens
+            elif m.name.startswith("dense_mlp"):
+                tokens = stage_tokens if lay.attn_dp > 1 and lay.dense_tp > 1 else rank_tokens
+            else:
+                tokens = rank_tokens
             ops.append(
                 Compute(
                     name=m.name,
@@ -200,7 +203,7 @@ class StepModel:
             )
         )
         if kind[1] == "moe":
-            ops.append(self._routed_experts(kind, stage, count, mlp_tokens))
+            ops.append(self._routed_experts(kind, stage, count, stage_tokens))
         return ops
 
     def _attention(
@@ -252,11 +255,13 @@ class StepModel:
         )
 
     def _routed_experts(self, kind: tuple[str, str], stage: int, count: int, tokens: int) -> Compute:
+        """The grouped expert GEMMs of the busiest EP rank: the distinct experts it must read, the token-expert
+        pairs it must compute."""
         moe, lay = self.model.moe, self.layout
         assert moe is not None
         one = self._experts[kind]
         load = busiest_rank(
-            tokens=max(1, tokens * (1 if lay.moe_comm != "all2all" else lay.attn_dp)) if tokens else 0,
+            tokens=tokens,  # every token of the stage is routed, whichever way it travels
             num_experts=moe.num_experts,
             top_k=moe.top_k,
             ranks=lay.moe_ep,
@@ -301,7 +306,7 @@ class StepModel:
         return out
 
     def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
-        key = {"attn_tp": "attn_tp", "moe_ep": "moe_ep", "stage": "stage"}.get(name, "stage")
+        key = name if name in ("attn_tp", "moe_ep") else "stage"
         per_stage = len(self._groups[key]) // (self.layout.pp * self.layout.replicas)
         candidates = self._groups[key][stage * per_stage : (stage + 1) * per_stage] or self._groups[key]
         return tuple(candidates[0][:size])

@@ -19,8 +19,23 @@ PART_LABELS = {
 }
 
 
+def prediction_payload(p: Prediction) -> dict[str, Any]:
+    """One prediction in milliseconds and tokens per second, its breakdown summing to TPOT."""
+    return {
+        "concurrency": p.concurrency,
+        "running": p.running,
+        "output_tok_s": round(p.output_tok_s, 2),
+        "per_user_tok_s": round(p.per_user_tok_s, 2),
+        "tpot_ms": round(p.tpot_s * 1e3, 3),
+        "ttft_ms": round(p.ttft_s * 1e3, 2),
+        "bound": p.bound,
+        "breakdown": {k: round(v * 1e3, 3) for k, v in p.breakdown_s.items()},
+        "by_class_ms": {k: round(v * 1e3, 3) for k, v in p.decode.by_class_s().items()},
+    }
+
+
 def predictions_payload(predictions: list[Prediction]) -> list[dict[str, Any]]:
-    return [p.as_dict() for p in predictions]
+    return [prediction_payload(p) for p in predictions]
 
 
 def predictions_table(predictions: list[Prediction], *, isl: int, osl: int) -> Table:

@@ -47,19 +47,6 @@ class Prediction:
     prefill_per_token_s: float  # prefill time each decode step carries
     breakdown_s: dict[str, float] = field(default_factory=dict)  # parts of one token's time: sums to tpot_s
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "concurrency": self.concurrency,
-            "running": self.running,
-            "output_tok_s": round(self.output_tok_s, 2),
-            "per_user_tok_s": round(self.per_user_tok_s, 2),
-            "tpot_ms": round(self.tpot_s * 1e3, 3),
-            "ttft_ms": round(self.ttft_s * 1e3, 2),
-            "bound": self.bound,
-            "breakdown": {k: round(v * 1e3, 3) for k, v in self.breakdown_s.items()},
-            "by_class_ms": {k: round(v * 1e3, 3) for k, v in self.decode.by_class_s().items()},
-        }
-
 
 class Predictor:
     """Serving predictions for one layout on one cluster (build once, ask for many concurrencies)."""
