@@ -26,7 +26,6 @@ class Rates:
     """What one GPU can achieve, and where each figure comes from."""
 
     bandwidth_bytes_per_s: float
-    bandwidth_measured: bool
     flops_per_s: dict[str, float]
     kernel_gpu_s: float
 
@@ -44,7 +43,6 @@ def rates(cluster: ClusterSpec) -> Rates:
         flops.setdefault(dtype, flops["bf16"])
     return Rates(
         bandwidth_bytes_per_s=measured or gpu.mem_bandwidth_bytes_per_s,
-        bandwidth_measured=measured is not None,
         flops_per_s=flops,
         kernel_gpu_s=oh.kernel_gpu.si("s"),
     )

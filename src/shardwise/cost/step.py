@@ -47,10 +47,6 @@ class StepCost:
         return sum(s.time_s for s in self.stages)
 
     @property
-    def slowest_stage_s(self) -> float:
-        return max(s.time_s for s in self.stages)
-
-    @property
     def parts_s(self) -> dict[str, float]:
         """compute / memory / comm / launch / host seconds over all stages: they sum to time_s."""
         out = dict.fromkeys(PARTS, 0.0)

@@ -84,7 +84,7 @@ class StepModel:
         ranges = stage_layers(self.model.num_layers, self.layout.pp, self.layout.pp_extra_layers)
         return [Counter(_kind(self.model, i) for i in r) for r in ranges]
 
-    def _read_weights(self) -> tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], float]:
+    def _read_weights(self) -> tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], _Matrix]:
         """Per layer kind: its GEMM matrices on one GPU; its routed experts (bytes of ONE expert, one GPU's
         slice); and the lm_head bytes on one GPU."""
         first = {}
@@ -92,11 +92,11 @@ class StepModel:
             first.setdefault(_kind(self.model, layer), layer)
         by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
         experts: dict[tuple[str, str], _Matrix] = {}
-        head = 0.0
+        head = _Matrix("lm_head", 0.0, 0.0, "bf16")
         for w in _weights(self.model):
             ways = weight_ways(w, self.layout, self.model)
             if w.role == "lm_head" or (w.role == "embedding" and self.model.tie_word_embeddings):
-                head += w.bytes / ways
+                head = _Matrix("lm_head", w.params / ways, w.bytes / ways, _dtype(w))
             if w.layer not in by_layer or len(w.shape) != 2:
                 continue
             kind = _kind(self.model, w.layer)
@@ -145,8 +145,8 @@ class StepModel:
                     rank_tokens=rank_tokens, stage_tokens=stage_tokens, new_tokens=new_tokens,
                     context=context_tokens,
                 )  # fmt: skip
-            out += self._comms(stage, kinds, rank_tokens=rank_tokens, stage_tokens=stage_tokens)
-        out += self._ends(rank_requests=rank_requests, rank_tokens=rank_tokens, phase=phase)
+            out += self._comms(stage, kinds, rank_tokens=rank_tokens, stage_tokens=stage_tokens, sampled=rank_requests)
+        out += self._ends(rank_requests=rank_requests, rank_tokens=rank_tokens)
         return out
 
     def _layer(
@@ -280,28 +280,37 @@ class StepModel:
             kernels=9,  # top-k, expert map, align/sort (2), workspace zeroing, gate-up GEMM, activation, down, sum
         )
 
-    def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, rank_tokens: int, stage_tokens: int) -> list[Op]:
-        layers = sum(kinds.values())
+    def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, rank_tokens: int, stage_tokens: int,
+               sampled: int) -> list[Op]:  # fmt: skip
+        """The collectives of `comm_steps` that run on this stage: per layer kind, once per step (embedding
+        all-reduce on the first stage, logits all-gather of the sampled tokens on the last), and the hand-offs
+        between stages (counted on the first)."""
+        last = self.layout.pp - 1
         per_count = {
-            "layer": layers,
+            "layer": sum(kinds.values()),
             "moe_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "moe"),
             "dense_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "dense"),
-            "step": 0,
-            "stage_boundary": 0,
+            "stage_boundary": self.layout.pp - 1 if stage == 0 else 0,
         }
         out: list[Op] = []
         for c in self._comm:
-            count = per_count[c.per]
+            tokens = stage_tokens if c.group == "stage" and c.op is not Collective.ALL_TO_ALL else rank_tokens
+            if c.per == "step":  # the logits gather runs where lm_head is, on the sampled tokens only
+                gather = c.op is Collective.ALL_GATHER
+                count, tokens = int(stage == (last if gather else 0)), sampled if gather else rank_tokens
+            else:
+                count = per_count[c.per]
             if not count:
                 continue
-            group = self._group(c.group, c.group_size, stage)
-            size = c.bytes_per_token * (stage_tokens if c.group == "stage" else rank_tokens)
-            if c.op is Collective.ALL_TO_ALL:
-                size = c.bytes_per_token * rank_tokens
-            impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
+            if c.group == "pp":
+                group = tuple(g[0] for g in self._groups["stage"][:2])
+            else:
+                group = self._group(c.group, c.group_size, stage)
             out.append(
-                Comm(name=c.where, stage=stage, count=count, collective=c.op, group=group, size_bytes=size,
-                     impl=impl, overlapped=self.layout.options.two_batch_overlap and c.per == "moe_layer")
+                Comm(name=c.where, stage=stage, count=count, collective=c.op, group=group,
+                     size_bytes=c.bytes_per_token * tokens,
+                     impl=self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl",
+                     overlapped=self.layout.options.two_batch_overlap and c.per == "moe_layer")
             )  # fmt: skip
         return out
 
@@ -311,9 +320,8 @@ class StepModel:
         candidates = self._groups[key][stage * per_stage : (stage + 1) * per_stage] or self._groups[key]
         return tuple(candidates[0][:size])
 
-    def _ends(self, *, rank_requests: int, rank_tokens: int, phase: Phase) -> list[Op]:
-        """Embedding lookup on the first stage; final norm, lm_head (last token of each request), logits
-        gather and sampling on the last."""
+    def _ends(self, *, rank_requests: int, rank_tokens: int) -> list[Op]:
+        """Embedding lookup on the first stage; lm_head (last token of each request) and sampling on the last."""
         h, vocab, lay = self.model.hidden_size, self.model.vocab_size, self.layout
         last = lay.pp - 1
         sampled = rank_requests
@@ -321,22 +329,10 @@ class StepModel:
             Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
                     bytes=2 * rank_tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16"),
             Compute(name="lm_head", op_class=OpClass.GEMM, stage=last, count=1,
-                    flops=2 * sampled * self._head / ACT_BYTES, bytes=self._head + sampled * vocab / lay.lm_head_tp * 4,
-                    weight_bytes=self._head, dtype="bf16"),
+                    flops=2 * sampled * self._head.params,
+                    bytes=self._head.bytes + sampled * vocab / lay.lm_head_tp * 4,
+                    weight_bytes=self._head.bytes, dtype=self._head.dtype),
             Compute(name="sampling", op_class=OpClass.SAMPLING, stage=last, count=1, flops=0.0,
                     bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4),
         ]  # fmt: skip
-        if lay.lm_head_tp > 1:
-            stage_group = self._group("stage", lay.lm_head_tp, last)
-            ops.append(Comm(name="embedding lookup (vocab-parallel)", stage=0, count=1,
-                            collective=Collective.ALL_REDUCE, group=self._group("stage", lay.lm_head_tp, 0),
-                            size_bytes=rank_tokens * h * ACT_BYTES))  # fmt: skip
-            ops.append(Comm(name="logits (vocab-parallel lm_head)", stage=last, count=1,
-                            collective=Collective.ALL_GATHER, group=stage_group,
-                            size_bytes=sampled * vocab * ACT_BYTES))  # fmt: skip
-        if lay.pp > 1:
-            pair = tuple(g[0] for g in self._groups["stage"][:2])
-            ops.append(Comm(name="activations to the next stage", stage=0, count=lay.pp - 1,
-                            collective=Collective.SEND_RECV, group=pair,
-                            size_bytes=rank_tokens * h * ACT_BYTES))  # fmt: skip
         return ops
