@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,6 +16,7 @@ from shardwise.cost.memory import memory_ledger
 from shardwise.engines.base import engine_names, get_engine
 from shardwise.engines.check import check_command, model_reference
 from shardwise.engines.check import layouts as list_layouts
+from shardwise.engines.layout import Layout
 from shardwise.errors import ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
@@ -22,12 +25,18 @@ from shardwise.measure.reference import check_row, load_rows, summarise
 from shardwise.report import json as report_json
 from shardwise.report import predictions as report_predictions
 from shardwise.report import setups as report_setups
+from shardwise.report import simulation as report_simulation
 from shardwise.report import table as report_table
 from shardwise.report import validation as report_validation
+from shardwise.serve.simulate import simulate as run_simulation
+from shardwise.serve.speculative import accept_length_from_rate, spec_plan
 from shardwise.serve.steady import predict
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
+from shardwise.spec.drafter import drafter_block
 from shardwise.spec.weights import weight_ledger
+from shardwise.spec.workload import Lengths, WorkloadSpec, bundled_lengths, read_pairs
 from shardwise.units import parse_quantity
 
 app = typer.Typer(
@@ -191,6 +200,152 @@ def check(
             report_table.print_renderable(report_predictions.predictions_table(predicted, isl=isl, osl=osl))
     if report_setups.verdict(setup, memory) != "ok":
         raise typer.Exit(1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def simulate(
+    ctx: typer.Context,
+    model: Annotated[
+        str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
+    ] = None,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    engine_version: VersionOption = None,
+    concurrency: Annotated[
+        str | None, typer.Option(help="Clients of a closed loop, comma-separated: one run each (--max-concurrency).")
+    ] = None,
+    request_rate: Annotated[
+        str | None, typer.Option(help="Requests per second of an open loop, comma-separated: one run each.")
+    ] = None,
+    burstiness: Annotated[
+        float, typer.Option(min=0.01, help="Gamma shape of the gaps between requests; 1 is Poisson.")
+    ] = 1.0,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    range_ratio: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Random lengths, as the engine's benchmark tool draws them with "
+            "--random-range-ratio (SGLang: [ratio × len, len]; vLLM: len × [1 − ratio, 1 + ratio]); default: fixed.",
+        ),
+    ] = None,
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            help="Request lengths instead of --isl/--osl: 'sharegpt', or a JSONL file of "
+            "{input_tokens, output_tokens} per line."
+        ),
+    ] = None,
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests per run.")] = 1000,
+    accept_length: Annotated[
+        float | None, typer.Option(help="Speculative decoding: mean tokens kept per step (the bonus token included).")
+    ] = None,
+    accept_rate: Annotated[
+        float | None, typer.Option(help="Speculative decoding: chance each drafted token is accepted (0 to 1).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random lengths and arrivals.")] = 0,
+    json: JsonFlag = False,
+) -> None:
+    """Simulate the engine a launch command starts under load: continuous batching, chunked prefill, KV admission
+    and eviction, speculative decoding. Give the command after --."""
+    if not ctx.args:
+        raise SpecError(
+            "give the launch command after --, e.g. shardwise simulate --concurrency 1,16,64 -- "
+            "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8"
+        )
+    levels = _int_list(concurrency, "--concurrency") if concurrency else []
+    rates = _rate_list(request_rate) if request_rate else []
+    if not levels and not rates:
+        raise SpecError("give --concurrency (closed loop, e.g. 1,16,64) or --request-rate (open loop, e.g. 2,8)")
+    cluster_spec = load_cluster(gpus)
+    checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
+    setup = checked.setup
+    if setup.layout is None or not setup.valid:
+        reason = setup.rejections[0].reason if setup.rejections else "the command describes no layout"
+        raise SpecError(f"this setup would not start: {reason}")
+    memory = memory_ledger(checked.model, setup.layout, cluster_spec)
+    if memory.verdict != "ok":
+        raise SpecError(f"this setup would not start: {memory.reason or memory.verdict}")
+    acceptance = _acceptance(setup.layout, accept_length, accept_rate)
+    steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
+    input_lengths, output_lengths, pairs = _lengths(setup.engine, lengths, isl=isl, osl=osl, ratio=range_ratio)
+    loads = [(c, math.inf) for c in levels] + [(None, r) for r in rates]
+    workloads = [
+        WorkloadSpec(input=input_lengths, output=output_lengths, pairs=pairs, num_requests=num_prompts,
+                     concurrency=c, request_rate=r, burstiness=burstiness, seed=seed)
+        for c, r in loads
+    ]  # fmt: skip
+    results = []
+    with report_simulation.progress_bar(num_prompts * len(workloads), label="simulating") as update:
+        for n, workload in enumerate(workloads):
+            done = n * num_prompts
+            label = f"C={workload.concurrency}" if workload.concurrency else f"{workload.request_rate:g} req/s"
+            results.append(
+                run_simulation(steps, memory, workload, progress=lambda k, d=done, s=label: update(s, d + k))
+            )
+    launch = get_engine(setup.engine).launch_command(
+        setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
+    )
+    if json:
+        payload = {
+            "launch": launch,
+            "layout": setup.layout.describe(),
+            "workload": {"input": input_lengths.model_dump(), "output": output_lengths.model_dump(),
+                         "pairs": len(pairs), "num_prompts": num_prompts, "burstiness": burstiness, "seed": seed},
+            "accept_length": acceptance,
+            "results": [report_simulation.result_payload(r) for r in results],
+        }  # fmt: skip
+        typer.echo(report_json.dumps(payload))
+    else:
+        shape = (
+            f"{len(pairs)} length pairs" if pairs else f"{input_lengths.mean:,.0f} in / {output_lengths.mean:,.0f} out"
+        )
+        title = f"simulated {setup.layout.describe()} on {cluster_spec.name}, {num_prompts} requests of {shape}"
+        if acceptance:
+            title += f", {acceptance:.2f} tokens kept per speculative step"
+        report_table.print_renderable(report_simulation.results_table(results, title=title))
+
+
+def _rate_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise SpecError(f"--request-rate takes positive numbers separated by commas, e.g. 2,8 or inf; got {text!r}")
+    return values
+
+
+def _acceptance(layout: Layout, length: float | None, rate: float | None) -> float | None:
+    """The mean accepted length from --accept-length or --accept-rate (None without speculative decoding)."""
+    if layout.options.spec is None:
+        if length is not None or rate is not None:
+            raise SpecError("--accept-length and --accept-rate need a launch command with speculative decoding")
+        return None
+    if length is not None and rate is not None:
+        raise SpecError("give --accept-length or --accept-rate, not both")
+    if rate is None:
+        return length
+    drafted = spec_plan(layout.options.spec, block_size=drafter_block(layout.options.spec.draft_model)).drafted
+    return accept_length_from_rate(rate, drafted)
+
+
+def _lengths(
+    engine: str, name: str | None, *, isl: int, osl: int, ratio: float | None
+) -> tuple[Lengths, Lengths, tuple[tuple[int, int], ...]]:
+    """Input and output lengths: a bundled set, a JSONL file, or the engine benchmark's random ranges."""
+    if name is not None:
+        path = Path(name)
+        if path.suffix == ".jsonl" or path.is_file():
+            pairs = read_pairs(path)
+            return Lengths.fixed(pairs[0][0]), Lengths.fixed(pairs[0][1]), pairs
+        input_lengths, output_lengths, _ = bundled_lengths(name)
+        return input_lengths, output_lengths, ()
+    if ratio is None:
+        return Lengths.fixed(isl), Lengths.fixed(osl), ()
+    draw_range = Lengths.vllm_random if engine == "vllm" else Lengths.sglang_random
+    return draw_range(isl, ratio), draw_range(osl, ratio), ()
 
 
 @app.command()

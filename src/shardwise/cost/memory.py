@@ -18,9 +18,11 @@ from typing import Literal
 from pydantic import Field
 
 from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways
+from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import runtime
 from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.drafter import load_drafter
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import model_weights
 
@@ -75,7 +77,7 @@ class MemoryLedger(Frozen):
         return per_rank * self.ranks
 
 
-def _stage_weights(model: ModelSpec, layout: Layout) -> list[dict[str, float]]:
+def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None) -> list[dict[str, float]]:
     """Bytes per component on one GPU of each stage."""
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
     stages: list[dict[str, float]] = [{} for _ in ranges]
@@ -89,7 +91,22 @@ def _stage_weights(model: ModelSpec, layout: Layout) -> list[dict[str, float]]:
             stage = next(i for i, r in enumerate(ranges) if w.layer in r)
         per_gpu = w.bytes / weight_ways(w, layout, model)
         stages[stage][w.component] = stages[stage].get(w.component, 0.0) + per_gpu
+    if drafter is not None:  # a separate draft checkpoint: its layers on every GPU of the stage, split by TP
+        layers = sum(w.bytes / weight_ways(w, layout, drafter) for w in model_weights(drafter) if w.layer is not None)
+        stages[-1]["draft model"] = layers
     return stages
+
+
+def _drafter(model: ModelSpec, layout: Layout) -> tuple[ModelSpec | None, tuple[str, ...]]:
+    """The draft checkpoint a launch command names (not the target's own MTP layers), and a warning when its
+    config cannot be read. Its embedding and lm_head are the target's (DFlash, MTP-style heads)."""
+    spec = layout.options.spec
+    if spec is None or not spec.draft_model:
+        return None, ()
+    try:
+        return load_drafter(spec.draft_model).model, ()
+    except SpecError as exc:
+        return None, (f"the draft model's memory is not counted: {exc}",)
 
 
 def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float:
@@ -103,7 +120,7 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
         per_layer = per_layer * per_gpu_heads / kv_heads
     cell = caching * per_layer
     spec = layout.options.spec
-    if spec and spec.algorithm in EAGLE_FAMILY:
+    if spec and spec.algorithm in EAGLE_FAMILY and not spec.draft_model:
         cell += cell * max(1, model.num_mtp_layers) / model.num_layers
     return cell
 
@@ -142,7 +159,8 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     opts = layout.options
     capacity = cluster.gpu.memory_bytes
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
-    stage_components = _stage_weights(model, layout)
+    drafter, draft_warning = _drafter(model, layout)
+    stage_components = _stage_weights(model, layout, drafter)
     stage_weights = [sum(c.values()) for c in stage_components]
     rt = _runtime_bytes(layout)
     vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
@@ -162,6 +180,8 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
             kv_per_stage.append(fraction * capacity - weights - rt - act - graphs)
     kv = max(0.0, min(kv_per_stage))
     cells = [kv_bytes_per_token(model, layout, r) for r in ranges]
+    if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
+        cells = [c + kv_bytes_per_token(drafter, layout, range(drafter.num_layers)) for c in cells]
     page = opts.page_size or 1
     tokens = min(int(kv // c) // page * page for c in cells) * layout.dcp if kv > 0 else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
@@ -183,7 +203,8 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         max_running_requests_per_rank=_running_slots(model, layout, tokens),
         ranks=layout.attn_dp * layout.replicas,
         warnings=tuple(_headroom_warnings(per_gpu) if verdict == "ok" else ())
-        + _margin_warning(min(kv_per_stage), layout, verdict),
+        + _margin_warning(min(kv_per_stage), layout, verdict)
+        + draft_warning,
     )
 
 

@@ -68,6 +68,7 @@ class FlagTable(Frozen):
     other_flags: tuple[OtherFlag, ...] = ()
     other_flags_source: str | None = None
     memory_tiers: tuple[dict[str, Any], ...] = ()
+    scheduler: dict[str, Any] = Field(default_factory=dict, description="SchedulerPolicy fields, with sources")
     underscores_to_dashes: bool = Field(False, description="the parser rewrites --opt_name to --opt-name first")
     positional_model_launchers: tuple[tuple[str, ...], ...] = Field(
         (), description="launchers that take the model as first positional and rewrite it to model_flag"

@@ -32,6 +32,26 @@ class SpecDecode(Frozen):
     draft_model: str | None = None
 
 
+class SchedulerPolicy(Frozen):
+    """How the engine's scheduler batches, admits and evicts requests (read from its scheduler source; the
+    values live in data/engines/<engine>.yaml under `scheduler`)."""
+
+    mixed_batches: bool = Field(
+        description="decode tokens and prefill chunks share one step under the token budget (vLLM); "
+        "otherwise a prefill batch runs first, alone, whenever one can be formed (SGLang)"
+    )
+    reserve_ratio_start: float = Field(
+        0.0, ge=0, le=1, description="share of each running request's remaining output held back when admitting"
+    )
+    reserve_ratio_min: float = Field(0.0, ge=0, le=1, description="the share it decays to while nothing is evicted")
+    reserve_decay_steps: int = Field(1, ge=1, description="decode steps over which the share decays to its minimum")
+    reserve_clip_tokens: int = Field(4096, ge=1, description="remaining output counted at most, per request")
+    evict: Literal["fewest_output", "newest"] = Field(
+        description="which running request goes back to the queue when the KV pool is full: the one with the "
+        "fewest output tokens (SGLang retract_decode) or the last admitted (vLLM preemption); both recompute it"
+    )
+
+
 class EngineOptions(Frozen):
     """Engine settings that change cost or memory, as they take effect (after the engine's rewrites)."""
 
@@ -60,6 +80,7 @@ class EngineOptions(Frozen):
     max_model_len: int | None = Field(None, description="longest request the engine must be able to hold (vLLM)")
     page_size: int | None = None
     spec: SpecDecode | None = None
+    scheduler: SchedulerPolicy = SchedulerPolicy(mixed_batches=False, evict="newest")
 
 
 class Layout(Frozen):

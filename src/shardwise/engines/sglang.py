@@ -14,7 +14,7 @@ from packaging.version import Version
 from shardwise.engines.base import Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import flag_table
-from shardwise.engines.layout import EngineOptions, Layout, SpecDecode
+from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.sglang_memory import auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
 from shardwise.spec.cluster import ClusterSpec
@@ -142,6 +142,16 @@ def _speculative(f: dict[str, Any], version: Version) -> list[Note]:
             speculative_eagle_topk=1,
             speculative_num_draft_tokens=f.get("speculative_dflash_block_size"),
         )
+    if algorithm:
+        f["disable_overlap_schedule"], f["enable_mixed_chunk"] = True, False
+        notes.append(
+            Note(
+                kind="rewrite",
+                message="speculative decoding turns the overlap scheduler and mixed chunked prefill off "
+                "(unless SGLANG_ENABLE_SPEC_V2 is set in the environment)",
+                source=f"sglang {version} _handle_speculative_decoding",
+            )
+        )
     return notes
 
 
@@ -212,6 +222,9 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
         prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),
         page_size=f["page_size"],
         spec=spec,
+        scheduler=SchedulerPolicy(
+            **{**flag_table("sglang").scheduler, "mixed_batches": bool(f.get("enable_mixed_chunk"))}
+        ),
     )
     return Layout(
         engine="sglang",

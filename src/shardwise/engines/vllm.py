@@ -16,7 +16,7 @@ from packaging.version import Version
 from shardwise.engines.base import Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import EngineArgError, flag_table
-from shardwise.engines.layout import EngineOptions, Layout, SpecDecode
+from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.vllm_rules import RULES, gpus_used
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -89,6 +89,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         max_model_len=f.get("max_model_len") or model.max_position_embeddings,
         page_size=f.get("block_size"),
         spec=spec,
+        scheduler=SchedulerPolicy(**flag_table("vllm").scheduler),
     )
     world = tp * dp * pcp if lockstep else tp * pcp
     return Layout(

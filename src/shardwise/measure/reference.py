@@ -36,7 +36,12 @@ class ReferenceRow(Frozen):
     concurrency: int = Field(ge=1)
     output_tok_s: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
+    accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
     assumed: str | None = None
+
+    @property
+    def group(self) -> str:
+        return "speculative" if self.accept_length else "plain"
 
 
 class ReferenceFile(Frozen):
@@ -84,13 +89,15 @@ def check_row(row: ReferenceRow) -> Checked:
     if memory.verdict != "ok":
         return Checked(row=row, layout=layout.describe(), predicted=None, problem=memory.reason)
     (predicted,) = predict(
-        checked.model, layout, cluster, memory, concurrency=[row.concurrency], isl=row.isl, osl=row.osl
-    )
+        checked.model, layout, cluster, memory, concurrency=[row.concurrency], isl=row.isl, osl=row.osl,
+        accept_length=row.accept_length,
+    )  # fmt: skip
     return Checked(row=row, layout=layout.describe(), predicted=predicted, problem=None)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ErrorSummary:
+    group: str  # plain | speculative
     metric: str
     rows: int
     mape: float  # mean absolute percentage error, as a fraction
@@ -99,12 +106,21 @@ class ErrorSummary:
 
 
 def summarise(checked: list[Checked]) -> list[ErrorSummary]:
+    """Mean and median absolute percentage error per metric, for plain and for speculative decoding apart."""
+    out = []
+    for group in ("plain", "speculative"):
+        out += _summarise_group(group, [c for c in checked if c.row.group == group])
+    return out
+
+
+def _summarise_group(group: str, checked: list[Checked]) -> list[ErrorSummary]:
     out = []
     for metric in METRICS:
         errors = {c.row.id: abs(e) for c in checked if (e := c.error(metric)) is not None}
         if errors:
             out.append(
                 ErrorSummary(
+                    group=group,
                     metric=metric,
                     rows=len(errors),
                     mape=statistics.fmean(errors.values()),

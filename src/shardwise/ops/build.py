@@ -137,6 +137,8 @@ class StepModel:
         rank_requests = math.ceil(requests / (lay.attn_dp * lay.replicas))  # busiest attention-DP rank
         rank_tokens = rank_requests * new_tokens
         stage_tokens = rank_tokens * lay.attn_dp  # what an MLP split over the stage sees
+        # a decode step samples every new token (several per request when it verifies drafts); prefill the last
+        sampled = rank_tokens if phase is Phase.DECODE else rank_requests
         out: list[Op] = []
         for stage, kinds in enumerate(self._stage_kinds):
             for kind, count in kinds.items():
@@ -145,8 +147,8 @@ class StepModel:
                     rank_tokens=rank_tokens, stage_tokens=stage_tokens, new_tokens=new_tokens,
                     context=context_tokens,
                 )  # fmt: skip
-            out += self._comms(stage, kinds, rank_tokens=rank_tokens, stage_tokens=stage_tokens, sampled=rank_requests)
-        out += self._ends(rank_requests=rank_requests, rank_tokens=rank_tokens)
+            out += self._comms(stage, kinds, rank_tokens=rank_tokens, stage_tokens=stage_tokens, sampled=sampled)
+        out += self._ends(sampled=sampled, rank_tokens=rank_tokens)
         return out
 
     def _layer(
@@ -320,11 +322,10 @@ class StepModel:
         candidates = self._groups[key][stage * per_stage : (stage + 1) * per_stage] or self._groups[key]
         return tuple(candidates[0][:size])
 
-    def _ends(self, *, rank_requests: int, rank_tokens: int) -> list[Op]:
-        """Embedding lookup on the first stage; lm_head (last token of each request) and sampling on the last."""
+    def _ends(self, *, sampled: int, rank_tokens: int) -> list[Op]:
+        """Embedding lookup on the first stage; lm_head (on the sampled tokens) and sampling on the last."""
         h, vocab, lay = self.model.hidden_size, self.model.vocab_size, self.layout
         last = lay.pp - 1
-        sampled = rank_requests
         ops: list[Op] = [
             Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
                     bytes=2 * rank_tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16"),

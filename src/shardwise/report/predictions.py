@@ -16,6 +16,7 @@ PART_LABELS = {
     "host": "host",
     "pipeline": "pipe",
     "prefill": "pref",
+    "draft": "draft",
 }
 
 

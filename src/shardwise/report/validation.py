@@ -16,20 +16,21 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def validation_view(checked: list[Checked], summary: list[ErrorSummary]) -> Group:
-    table = Table(title="published measurements (CUDA graphs on) against predictions")
+    table = Table(title="published measurements (CUDA graphs on) against predictions; * = speculative decoding")
     for name in ("id", "model", "GPUs", "layout", "C", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err"):
         table.add_column(name, justify="left" if name in ("id", "model", "GPUs", "layout") else "right")
     for c in checked:
         out_err, tpot_err = c.error("output_tok_s"), c.error("tpot_ms")
         table.add_row(
-            c.row.id, c.row.model, c.row.gpus, c.layout or c.problem or "", str(c.row.concurrency),
+            c.row.id + ("*" if c.row.accept_length else ""), c.row.model, c.row.gpus, c.layout or c.problem or "",
+            str(c.row.concurrency),
             _num(c.row.output_tok_s), _num(c.value("output_tok_s")),
             "—" if out_err is None else f"{out_err:+.0%}",
             _num(c.row.tpot_ms), _num(c.value("tpot_ms")), "—" if tpot_err is None else f"{tpot_err:+.0%}",
         )  # fmt: skip
     lines = [
         Text(
-            f"{s.metric}: mean absolute error {s.mape:.0%}, median {s.median_ape:.0%} over {s.rows} rows "
+            f"{s.group} {s.metric}: mean absolute error {s.mape:.0%}, median {s.median_ape:.0%} over {s.rows} rows "
             f"(worst {s.worst})"
         )
         for s in summary
@@ -48,13 +49,21 @@ def validation_payload(checked: list[Checked], summary: list[ErrorSummary]) -> d
                 "layout": c.layout,
                 "problem": c.problem,
                 "concurrency": c.row.concurrency,
+                "accept_length": c.row.accept_length,
                 "measured": {m: getattr(c.row, m) for m in ("output_tok_s", "tpot_ms")},
                 "predicted": {m: c.value(m) for m in ("output_tok_s", "tpot_ms")},
             }
             for c in checked
         ],
         "summary": [
-            {"metric": s.metric, "rows": s.rows, "mape": s.mape, "median_ape": s.median_ape, "worst": s.worst}
+            {
+                "group": s.group,
+                "metric": s.metric,
+                "rows": s.rows,
+                "mape": s.mape,
+                "median_ape": s.median_ape,
+                "worst": s.worst,
+            }
             for s in summary
         ],
     }

@@ -1,0 +1,88 @@
+"""Simulated serving results as JSON and as a table, in the units the benchmark tools print."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shardwise.serve.simulate import ServeResult, Stats
+
+
+def _ms(stats: Stats) -> dict[str, float]:
+    return {k: round(v * 1e3, 3) for k, v in asdict(stats).items()}
+
+
+def result_payload(r: ServeResult) -> dict[str, Any]:
+    """One run: throughput in tokens or requests per second, latencies in ms (mean, p50, p90, p99)."""
+    return {
+        "concurrency": r.concurrency,
+        "request_rate": r.request_rate,
+        "requests": r.requests,
+        "duration_s": round(r.duration_s, 3),
+        "output_tok_s": round(r.output_tok_s, 2),
+        "total_tok_s": round(r.total_tok_s, 2),
+        "request_per_s": round(r.request_per_s, 4),
+        "ttft_ms": _ms(r.ttft_s),
+        "tpot_ms": _ms(r.tpot_s),
+        "itl_ms": _ms(r.itl_s),
+        "e2e_ms": _ms(r.e2e_s),
+        "mean_running_per_rank": round(r.mean_running, 2),
+        "peak_running_per_rank": r.peak_running,
+        "retractions": r.retractions,
+        "tokens_per_step": round(r.tokens_per_step, 4),
+        "engine_steps": r.steps,
+    }
+
+
+def results_table(results: list[ServeResult], *, title: str) -> Table:
+    table = Table(title=title)
+    columns = ("load", "tok/s", "TTFT s", "p99", "TPOT ms", "ITL p99", "E2E s", "run", "evict")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for r in results:
+        load = f"C={r.concurrency}" if r.concurrency else ""
+        if r.request_rate is not None:
+            load = f"{load} {r.request_rate:g}/s".strip()
+        table.add_row(
+            load,
+            f"{r.output_tok_s:,.0f}",
+            _fmt(r.ttft_s.mean, 1, 2),
+            _fmt(r.ttft_s.p99, 1, 2),
+            _fmt(r.tpot_s.mean, 1e3, 1),
+            _fmt(r.itl_s.p99, 1e3, 1),
+            _fmt(r.e2e_s.mean, 1, 1),
+            f"{r.mean_running:,.1f}",
+            f"{r.retractions:,}",
+        )
+    table.caption = (
+        "tok/s = output tokens; TTFT and E2E means in s, TPOT mean and ITL p99 in ms; run = requests decoding "
+        "per rank on average; evict = sent back to the queue when the KV pool was full; --json for all"
+    )
+    return table
+
+
+def _fmt(seconds: float, scale: float, digits: int) -> str:
+    return "—" if math.isnan(seconds) else f"{seconds * scale:,.{digits}f}"
+
+
+@contextmanager
+def progress_bar(total: int, *, label: str) -> Iterator[Callable[[str, int], None]]:
+    """A progress bar on stderr (only on a terminal); yields update(description, completed)."""
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True, disable=not console.is_terminal,
+    ) as progress:  # fmt: skip
+        task = progress.add_task(label, total=total)
+
+        def update(description: str, completed: int) -> None:
+            progress.update(task, description=description, completed=completed)
+
+        yield update

@@ -1,0 +1,418 @@
+"""A discrete-event simulation of one engine serving a workload: continuous batching, chunked prefill,
+KV-cache admission and eviction, attention-DP ranks with their own queues, speculative decoding.
+
+The engine repeats steps. When a rank can start or continue a prefill, the next step carries it (alone on
+that rank when the engine runs prefill first, as SGLang does; beside the decode tokens under the token budget
+when it mixes them, as vLLM does). Otherwise every rank decodes. Between two events (an arrival, a
+finished request, a full KV pool, a stalled queue to re-check) decode steps repeat with the same batch, so
+the simulation advances them together: time advances by k cycles priced at the span's mean context, every
+request gains k × τ tokens. Its cost grows with events, not with tokens.
+
+Admission follows the engine's scheduler policy (engines' `SchedulerPolicy`): a new request needs room for its
+prompt plus its output (SGLang holds back a decaying share of every running request's remaining output; vLLM
+holds nothing back). When a decode step would not fit, requests go back to the queue (the one with the fewest
+output tokens first in SGLang, the newest in vLLM) and later prefill again what they had.
+
+Ranks of one instance step together (the MoE layers synchronise them): a step lasts as long as its slowest
+rank. Replicas behind a router are independent: the simulation runs one, with every replicas-th request, and
+scales its throughput. Metrics follow the benchmark tools: TTFT and E2E from the send, TPOT per request
+(e2e − ttft) / (output − 1), ITL per streamed chunk, throughput over the whole run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardwise.cost.memory import MemoryLedger
+from shardwise.engines.layout import Layout, SchedulerPolicy
+from shardwise.errors import SpecError
+from shardwise.serve.requests import Requests, draw
+from shardwise.serve.steps import StepTimes
+from shardwise.spec.workload import WorkloadSpec
+
+RECHECK_STEPS = 32  # a queue held back by the decaying reserve is re-checked this often (SGLang checks every step)
+RETRACT_STEPS = 20  # SGLang resets its reserve ratio from this many further steps per request after a retraction
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stats:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: np.ndarray, weights: np.ndarray | None = None) -> Stats:
+        if len(values) == 0:
+            return cls(mean=math.nan, p50=math.nan, p90=math.nan, p99=math.nan)
+        w = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=float)
+        order = np.argsort(values)
+        v, cum = np.asarray(values)[order], np.cumsum(w[order])
+        q = [float(v[min(np.searchsorted(cum, p * cum[-1]), len(v) - 1)]) for p in (0.5, 0.9, 0.99)]
+        return cls(mean=float(np.average(v, weights=w[order])), p50=q[0], p90=q[1], p99=q[2])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeResult:
+    """What a benchmark of the simulated engine would report, plus what the engine did."""
+
+    requests: int
+    duration_s: float
+    output_tok_s: float
+    total_tok_s: float
+    request_per_s: float
+    ttft_s: Stats
+    tpot_s: Stats
+    itl_s: Stats
+    e2e_s: Stats
+    mean_running: float  # requests decoding per rank, averaged over decode time
+    peak_running: int
+    retractions: int
+    tokens_per_step: float
+    steps: int  # engine steps simulated
+    concurrency: int | None = None
+    request_rate: float | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class _Rank:
+    waiting: deque[int] = field(default_factory=deque)
+    running: list[int] = field(default_factory=list)
+    chunked: int | None = None  # a request part way through its prefill
+    held: float = 0.0  # KV tokens its requests hold (kept up to date at every change)
+
+
+class Simulation:
+    """One engine instance of a layout, priced by `steps`, with the KV pools of `memory`."""
+
+    def __init__(self, steps: StepTimes, memory: MemoryLedger) -> None:
+        layout: Layout = steps.layout
+        self.steps, self.memory = steps, memory
+        self.policy: SchedulerPolicy = layout.options.scheduler
+        self.ranks_per_instance = max(1, memory.ranks // layout.replicas)
+        self.replicas = layout.replicas
+        self.scale = self.ranks_per_instance * layout.replicas  # requests per rank → StepTimes' whole-layout view
+        self.pool = memory.kv_tokens_per_rank
+        self.slots = memory.max_running_requests_per_rank or 1 << 30
+        self.chunk = layout.options.chunked_prefill_tokens or 8192
+        self.tau = steps.tokens
+        self.verify = steps.plan.verify_tokens if steps.plan else 1
+
+    def run(self, workload: WorkloadSpec, *, progress: Callable[[int], None] | None = None) -> ServeResult:
+        if self.memory.verdict != "ok":
+            raise SpecError(f"the layout does not serve: {self.memory.reason or self.memory.verdict}")
+        requests = draw(workload)
+        share = requests if self.replicas == 1 else _every(requests, self.replicas)
+        clients = None if workload.concurrency is None else max(1, math.ceil(workload.concurrency / self.replicas))
+        self._check_fits(share)
+        run = _Run(self, share, clients, progress)
+        run.loop()
+        return run.result(workload, self.replicas)
+
+    def _check_fits(self, requests: Requests) -> None:
+        need = requests.input_tokens + np.minimum(requests.output_tokens, self.policy.reserve_clip_tokens)
+        worst = int(need.max())
+        if worst > self.pool:
+            raise SpecError(
+                f"a request of {worst:,} tokens (prompt + output) does not fit one rank's KV pool of "
+                f"{self.pool:,} tokens: shorten the requests or give the KV cache more memory"
+            )
+
+
+def _every(requests: Requests, n: int) -> Requests:
+    return Requests(requests.send_s[::n], requests.input_tokens[::n], requests.output_tokens[::n])
+
+
+class _Run:
+    """The state of one simulation run."""
+
+    def __init__(self, sim: Simulation, reqs: Requests, clients: int | None, progress: Callable[[int], None] | None):
+        self.sim, self.progress = sim, progress
+        n = len(reqs)
+        self.isl, self.osl = reqs.input_tokens, reqs.output_tokens.astype(float)
+        self.send = reqs.send_s
+        self.need = self.isl.astype(float).copy()  # tokens to prefill (the prompt, or all held after eviction)
+        self.done_prefill = np.zeros(n)  # tokens of `need` prefilled
+        self.gen = np.zeros(n)  # output tokens so far
+        self.arrive = np.full(n, np.nan)
+        self.first = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.stall = np.zeros(n)  # time since the last token spent on other requests' prefills
+        self.ranks = [_Rank() for _ in range(sim.ranks_per_instance)]
+        self.t = 0.0
+        self.sends: list[tuple[float, int]] = []
+        self.next_send = 0
+        self.clients = clients
+        self.completed = 0
+        self.ratio = sim.policy.reserve_ratio_start
+        self.itl_values: list[np.ndarray] = []
+        self.itl_weights: list[np.ndarray] = []
+        self.decode_time = self.running_time = 0.0
+        self.peak = self.retractions = self.steps = 0
+        self.rr = 0  # round-robin over ranks
+        for _ in range(n if clients is None else min(clients, n)):
+            self._send_next(0.0)
+
+    # --- arrivals and completions ------------------------------------------------------------------------
+
+    def _send_next(self, now: float) -> None:
+        if self.next_send < len(self.isl):
+            i = self.next_send
+            self.next_send += 1
+            heapq.heappush(self.sends, (max(now, float(self.send[i])), i))
+
+    def _deliver(self) -> None:
+        while self.sends and self.sends[0][0] <= self.t + 1e-12:
+            when, i = heapq.heappop(self.sends)
+            self.arrive[i] = when
+            self.ranks[self.rr % len(self.ranks)].waiting.append(i)
+            self.rr += 1
+
+    def _complete(self, rank: _Rank) -> None:
+        finished = [i for i in rank.running if self.gen[i] >= self.osl[i] - 1e-9]
+        if not finished:
+            return
+        rank.running = [i for i in rank.running if self.gen[i] < self.osl[i] - 1e-9]
+        rank.held -= float(self._kv(finished).sum())
+        for i in finished:
+            self.finish[i] = self.t
+            self.completed += 1
+            if self.clients is not None:
+                self._send_next(self.t)
+        if self.progress:
+            self.progress(self.completed)
+
+    # --- KV accounting ------------------------------------------------------------------------------------
+
+    def _kv(self, ids: list[int] | int) -> np.ndarray:
+        """KV tokens each request holds: what it prefilled plus what it generated since (an evicted request
+        prefills its earlier output again, so that output is counted once)."""
+        return self.done_prefill[ids] + self.gen[ids] - (self.need[ids] - self.isl[ids])
+
+    def _reserved(self, rank: _Rank) -> float:
+        if not rank.running or not self.ratio:
+            return 0.0
+        left = np.minimum(self.osl[rank.running] - self.gen[rank.running], self.sim.policy.reserve_clip_tokens)
+        return float(left.sum()) * self.ratio
+
+    def _admissible(self, rank: _Rank, i: int) -> bool:
+        p = self.sim.policy
+        if len(rank.running) + (rank.chunked is not None) >= self.sim.slots:
+            return False
+        reserve = min(self.osl[i] - self.gen[i], p.reserve_clip_tokens) if p.reserve_ratio_start else 0.0
+        return self.need[i] + reserve <= self.sim.pool - rank.held - self._reserved(rank)
+
+    # --- one step with prefill ----------------------------------------------------------------------------
+
+    def _prefill_batch(self, rank: _Rank) -> list[tuple[int, float]]:
+        """(request, tokens) this rank prefills in the next step, under the chunk budget: the request part way
+        through first, then the queue in order while each fits. Its KV is allocated now, as engines do."""
+        budget = float(self.sim.chunk)
+        if self.sim.policy.mixed_batches:
+            budget -= len(rank.running) * self.sim.verify
+        batch: list[tuple[int, float]] = []
+        candidates = [rank.chunked] if rank.chunked is not None else []
+        while budget >= 1:
+            if candidates:
+                i = candidates.pop()
+            elif rank.waiting and self._admissible(rank, rank.waiting[0]):
+                i = rank.waiting.popleft()
+                rank.chunked = i  # held while its prefill is under way
+            else:
+                break
+            take = min(self.need[i] - self.done_prefill[i], budget)
+            batch.append((i, take))
+            self.done_prefill[i] += take
+            rank.held += take
+            budget -= take
+            if self.done_prefill[i] < self.need[i] - 1e-9:
+                break  # part of it waits for the next step, as the rank's chunked request
+            rank.chunked = None
+            rank.running.append(i)
+        return batch
+
+    def _mixed_step(self, batches: list[list[tuple[int, float]]]) -> None:
+        """One step in which some ranks prefill: alone on their rank (prefill first) or beside its decode (mixed).
+        Ranks that do not prefill decode one step. The step lasts as long as its slowest rank."""
+        sim = self.sim
+        duration, decoding, waiting = 0.0, [], []
+        for rank, batch in zip(self.ranks, batches, strict=True):
+            fresh = {i for i, _ in batch}
+            cost = 0.0
+            if batch:
+                tokens = sum(take for _, take in batch)
+                before = float(np.mean([self.done_prefill[i] - take for i, take in batch]))
+                cost += sim.steps.prefill_s(len(batch) * sim.scale, math.ceil(tokens) * sim.scale, before)
+            if sim.policy.mixed_batches or not batch:
+                self._make_room(rank)
+                old = [i for i in rank.running if i not in fresh]
+                if old:
+                    cost += sim.steps.decode_s(len(old) * sim.scale, self._context(old))
+                    decoding.append((rank, old))
+            else:
+                waiting += [i for i in rank.running if i not in fresh]
+            duration = max(duration, cost)
+        self.t += duration
+        self.steps += 1
+        for rank, batch in zip(self.ranks, batches, strict=True):
+            for i, _ in batch:
+                if self.done_prefill[i] >= self.need[i] - 1e-9:
+                    self.gen[i] += 1  # a finished prefill samples the next token
+                    rank.held += 1
+                    if np.isnan(self.first[i]):
+                        self.first[i] = self.t
+                    self.stall[i] = 0.0
+        self.stall[waiting] += duration
+        for rank, ids in decoding:
+            self._record_itl(ids, duration, 1)
+            self.gen[ids] += sim.tau
+            rank.held += sim.tau * len(ids)
+        for rank in self.ranks:
+            self._complete(rank)
+
+    # --- decode spans -------------------------------------------------------------------------------------
+
+    def _context(self, ids: list[int]) -> float:
+        """Mean tokens in the KV cache of these requests."""
+        return float(np.mean(self._kv(ids)))
+
+    def _make_room(self, rank: _Rank) -> None:
+        """Evict running requests until one more decode step fits this rank's pool."""
+        while rank.running:
+            if self.sim.pool - rank.held >= len(rank.running) * self.sim.verify:
+                return
+            victim = self._victim(rank)
+            rank.running.remove(victim)
+            rank.held -= float(self._kv(victim))
+            self.need[victim] = self.isl[victim] + math.floor(self.gen[victim])
+            self.done_prefill[victim] = 0.0
+            rank.waiting.appendleft(victim)
+            self.retractions += 1
+            kept = rank.running
+            if kept and self.sim.policy.reserve_ratio_start:
+                decoded = float(self.gen[kept].sum()) + RETRACT_STEPS * len(kept)
+                self.ratio = min(1.0, decoded / float(self.osl[kept].sum()))
+
+    def _victim(self, rank: _Rank) -> int:
+        if self.sim.policy.evict == "newest":
+            return rank.running[-1]
+        return min(rank.running, key=lambda i: (self.gen[i], -self.isl[i]))
+
+    def _span(self) -> None:
+        """Decode steps on every rank until the next event."""
+        sim = self.sim
+        for rank in self.ranks:
+            self._make_room(rank)
+        active = [r for r in self.ranks if r.running]
+        if not active:
+            return
+        k = math.inf
+        for rank in active:
+            ids = rank.running
+            left = self.osl[ids] - self.gen[ids]
+            k = min(k, int(np.ceil(left.min() / sim.tau - 1e-9)))
+            free = sim.pool - rank.held - len(ids) * (sim.verify - sim.tau)
+            k = min(k, max(1, int(free // (len(ids) * sim.tau))))
+            if rank.waiting and len(ids) < sim.slots:
+                k = min(k, RECHECK_STEPS)
+        busiest = max(len(r.running) for r in active)
+        all_ids = [i for r in active for i in r.running]
+        context = self._context(all_ids)
+        cycle = sim.steps.decode_s(busiest * sim.scale, context)
+        if self.sends:
+            k = min(k, max(1, math.ceil((self.sends[0][0] - self.t) / cycle)))
+        k = max(1, int(k))
+        cycle = sim.steps.decode_s(busiest * sim.scale, context + (k - 1) / 2 * sim.tau)
+        self.t += k * cycle
+        self.steps += k
+        self.decode_time += k * cycle
+        self.running_time += k * cycle * len(all_ids) / len(active)
+        self.peak = max(self.peak, busiest)
+        for rank in active:
+            self._record_itl(rank.running, cycle, k)
+            self.gen[rank.running] += k * sim.tau
+            rank.held += k * sim.tau * len(rank.running)
+        if sim.policy.reserve_ratio_start:
+            p = sim.policy
+            decay = (p.reserve_ratio_start - p.reserve_ratio_min) / p.reserve_decay_steps
+            self.ratio = max(p.reserve_ratio_min, self.ratio - k * decay)
+        for rank in active:
+            self._complete(rank)
+
+    def _record_itl(self, ids: list[int], cycle: float, k: int) -> None:
+        """ITL samples of `k` steps of `cycle` for these requests; the first gap also holds the prefill steps
+        each request sat through since its last token."""
+        stalls = self.stall[ids]
+        if stalls.any():
+            values, counts = np.unique(stalls, return_counts=True)
+            self.itl_values.append(values + cycle)
+            self.itl_weights.append(counts.astype(float))
+            self.stall[ids] = 0.0
+            k -= 1
+        if k:
+            self.itl_values.append(np.array([cycle]))
+            self.itl_weights.append(np.array([float(len(ids) * k)]))
+
+    # --- the loop -----------------------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        n = len(self.isl)
+        while self.completed < n:
+            self._deliver()
+            batches = [self._prefill_batch(rank) for rank in self.ranks]
+            if any(batches):
+                self._mixed_step(batches)
+            elif any(rank.running for rank in self.ranks):
+                self._span()
+            elif self.sends:
+                self.t = max(self.t, self.sends[0][0])
+            else:
+                raise RuntimeError("simulation stalled with requests left")  # a bug, not a user error
+
+    def result(self, workload: WorkloadSpec, replicas: int) -> ServeResult:
+        start = float(np.nanmin(self.arrive))
+        duration = float(np.nanmax(self.finish)) - start
+        ttft = self.first - self.arrive
+        e2e = self.finish - self.arrive
+        multi = self.osl > 1
+        tpot = (e2e[multi] - ttft[multi]) / (self.osl[multi] - 1)
+        out_tokens = float(self.osl.sum()) * replicas
+        in_tokens = float(self.isl.sum()) * replicas
+        itl_v = np.concatenate(self.itl_values) if self.itl_values else np.array([])
+        itl_w = np.concatenate(self.itl_weights) if self.itl_weights else None
+        return ServeResult(
+            requests=len(self.isl) * replicas,
+            duration_s=duration,
+            output_tok_s=out_tokens / duration,
+            total_tok_s=(out_tokens + in_tokens) / duration,
+            request_per_s=len(self.isl) * replicas / duration,
+            ttft_s=Stats.of(ttft),
+            tpot_s=Stats.of(tpot),
+            itl_s=Stats.of(itl_v, itl_w),
+            e2e_s=Stats.of(e2e),
+            mean_running=self.running_time / self.decode_time if self.decode_time else 0.0,
+            peak_running=self.peak,
+            retractions=self.retractions,
+            tokens_per_step=self.sim.tau,
+            steps=self.steps,
+            concurrency=workload.concurrency,
+            request_rate=None if math.isinf(workload.request_rate) else workload.request_rate,
+        )
+
+
+def simulate(
+    steps: StepTimes,
+    memory: MemoryLedger,
+    workload: WorkloadSpec,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> ServeResult:
+    """Serve `workload` on the layout `steps` prices, with the KV pools of `memory`."""
+    return Simulation(steps, memory).run(workload, progress=progress)

@@ -1,0 +1,164 @@
+"""The step times a serving loop needs, priced from the cost model and remembered.
+
+`StepTimes(model, layout, cluster)` answers two questions for any batch:
+- `decode(running, context)`: one decode cycle, the time in which every running request gains `tokens`
+  tokens (one; τ with speculative decoding), with its parts. With pipeline parallelism the running requests
+  split into up to `pp` micro-batches in different stages at once: a cycle is the longer of one micro-batch's
+  trip through every stage and the time the busiest stage needs for all of them. With speculative decoding a
+  cycle is the drafter's forwards plus the target's verify of every drafted token.
+- `prefill(requests, new_tokens, context)`: one prefill step.
+Exact answers are cached by their arguments. The simulation asks for thousands of shapes, so `decode_s` and
+`prefill_s` interpolate linearly between exact answers on a grid (every batch up to 64, then 16 per
+doubling; contexts every 256 tokens): step time is close to linear in context and smooth in batch size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from shardwise.cost.step import StepCost, StepCostModel
+from shardwise.engines.layout import Layout
+from shardwise.errors import SpecError
+from shardwise.ops.build import StepModel
+from shardwise.ops.types import Phase
+from shardwise.serve.speculative import SpecPlan, check_accept_length, spec_plan
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.drafter import Drafter, load_drafter, mtp_drafter
+from shardwise.spec.model import ModelSpec
+
+CONTEXT_GRID = 256  # tokens between exact context points
+EXACT_BATCH = 64  # every batch size up to this is priced exactly; beyond, 16 points per doubling
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeCycle:
+    running: int
+    context_tokens: int
+    cycle_s: float  # every running request gains `tokens` tokens in this time
+    tokens: float  # tokens per request per cycle: 1, or the mean accepted length
+    step: StepCost  # the target's step of one micro-batch (the verify, with speculative decoding)
+    parts_s: dict[str, float] = field(default_factory=dict)  # sums to cycle_s
+
+
+class StepTimes:
+    """Decode and prefill step times of one layout on one cluster (build once, ask many times)."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        layout: Layout,
+        cluster: ClusterSpec,
+        *,
+        accept_length: float | None = None,
+        drafter: Drafter | None = None,
+    ) -> None:
+        self.layout = layout
+        self.target = StepCostModel(StepModel(model, layout, cluster))
+        self.plan: SpecPlan | None = None
+        self.draft: StepCostModel | None = None
+        self.tokens = 1.0
+        spec = layout.options.spec
+        if spec is not None:
+            drafter = drafter or _drafter_for(model, spec.draft_model)
+            self.plan = spec_plan(spec, block_size=drafter.block_size if drafter else None)
+            if accept_length is None:
+                raise SpecError(
+                    f"{spec.algorithm} speculative decoding needs its acceptance: give --accept-length (mean tokens "
+                    f"kept per step, 1 to {self.plan.drafted + 1}) or --accept-rate (per drafted token, 0 to 1)"
+                )
+            self.tokens = check_accept_length(accept_length, self.plan)
+            if self.plan.needs_drafter:
+                if drafter is None:
+                    raise SpecError(
+                        f"{spec.algorithm} drafting needs a draft model: give --speculative-draft-model-path "
+                        f"({model.name} has no MTP layers)"
+                    )
+                # the drafter runs on the target's GPUs inside the engine step: no scheduler step of its own
+                options = layout.options.model_copy(update={"spec": None, "overlap_schedule": True})
+                draft_layout = layout.model_copy(update={"pp": 1, "options": options})
+                self.draft = StepCostModel(StepModel(drafter.model, draft_layout, cluster))
+        self._decode: dict[tuple[int, int], DecodeCycle] = {}
+        self._prefill: dict[tuple[int, int, int], float] = {}
+
+    # --- exact -----------------------------------------------------------------------------------------
+
+    def decode(self, running: int, context: int) -> DecodeCycle:
+        key = (running, context)
+        if key not in self._decode:
+            self._decode[key] = self._cycle(running, context)
+        return self._decode[key]
+
+    def prefill(self, requests: int, new_tokens: int, context: int) -> float:
+        key = (requests, new_tokens, context)
+        if key not in self._prefill:
+            step = self.target.step(
+                phase=Phase.PREFILL, requests=requests, new_tokens=new_tokens, context_tokens=context
+            )
+            self._prefill[key] = step.time_s
+        return self._prefill[key]
+
+    def _cycle(self, running: int, context: int) -> DecodeCycle:
+        pp = self.layout.pp
+        micro = min(pp, running)
+        verify = self.plan.verify_tokens if self.plan else 1
+        step = self.target.step(
+            phase=Phase.DECODE, requests=math.ceil(running / micro), new_tokens=verify, context_tokens=context
+        )
+        through = step.time_s
+        cycle = max(through, micro * max(s.time_s for s in step.stages))
+        parts = dict(step.parts_s)
+        if pp > 1:  # per-GPU view: the parts of one trip, the rest of the cycle waiting on the pipeline
+            parts["pipeline"] = max(0.0, cycle - through)
+        if self.draft is not None and self.plan is not None:
+            parts["draft"] = sum(
+                p.count * self.draft.step(
+                    phase=Phase.DECODE, requests=running, new_tokens=p.tokens_per_request, context_tokens=context
+                ).time_s
+                for p in self.plan.passes
+            )  # fmt: skip
+            cycle += parts["draft"]
+        return DecodeCycle(running=running, context_tokens=context, cycle_s=cycle, tokens=self.tokens, step=step,
+                           parts_s=parts)  # fmt: skip
+
+    # --- interpolated (for the simulation) ---------------------------------------------------------------
+
+    def decode_s(self, running: int, context: float) -> float:
+        """Cycle time at any batch and mean context, from the exact grid around it."""
+        lo, hi = _batch_points(running)
+        c0 = int(context // CONTEXT_GRID) * CONTEXT_GRID
+        fc = (context - c0) / CONTEXT_GRID
+
+        def at(b: int) -> float:
+            a = self.decode(b, c0).cycle_s
+            return a + (self.decode(b, c0 + CONTEXT_GRID).cycle_s - a) * fc if fc else a
+
+        if hi == lo:
+            return at(lo)
+        return at(lo) + (at(hi) - at(lo)) * (running - lo) / (hi - lo)
+
+    def prefill_s(self, requests: int, tokens: int, context: float) -> float:
+        """A prefill step of `tokens` new tokens over `requests` requests (an even share each), after `context`
+        cached tokens per request on average."""
+        per = max(1, math.ceil(tokens / requests))
+        lo, hi = _batch_points(per)
+        c = int(round(context / CONTEXT_GRID)) * CONTEXT_GRID
+        a = self.prefill(requests, lo, c)
+        if hi == lo:
+            return a
+        return a + (self.prefill(requests, hi, c) - a) * (per - lo) / (hi - lo)
+
+
+def _batch_points(n: int) -> tuple[int, int]:
+    """Grid points around n: n itself up to EXACT_BATCH, then 16 per doubling."""
+    if n <= EXACT_BATCH:
+        return n, n
+    step = 2 ** (int(math.log2(n)) - 4)
+    lo = n // step * step
+    return lo, (lo if lo == n else lo + step)
+
+
+def _drafter_for(model: ModelSpec, draft_model: str | None) -> Drafter | None:
+    if draft_model:
+        return load_drafter(draft_model)
+    return mtp_drafter(model) if model.num_mtp_layers > 0 else None

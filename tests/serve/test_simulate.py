@@ -1,0 +1,145 @@
+"""The serving simulation against the analytic model, queueing laws and hand-worked cases."""
+
+import math
+
+import numpy as np
+import pytest
+
+from shardwise.cost.memory import memory_ledger
+from shardwise.engines.check import check_command
+from shardwise.errors import SpecError
+from shardwise.serve.requests import draw
+from shardwise.serve.simulate import Simulation, Stats, _Run, simulate
+from shardwise.serve.steady import Predictor
+from shardwise.serve.steps import StepTimes
+from shardwise.spec.cluster import load_cluster
+from shardwise.spec.workload import Lengths, WorkloadSpec
+
+KIMI_EP8 = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8 --disable-cuda-graph"
+LLAMA_VLLM = "vllm serve meta-llama/Llama-3.1-8B-Instruct"
+
+
+def _setup(command: str, gpus: str):
+    cluster = load_cluster(gpus)
+    checked = check_command(command, cluster=cluster)
+    layout = checked.setup.layout
+    memory = memory_ledger(checked.model, layout, cluster)
+    assert memory.verdict == "ok"
+    return StepTimes(checked.model, layout, cluster), memory, Predictor(checked.model, layout, cluster, memory)
+
+
+@pytest.fixture(scope="module")
+def kimi():
+    return _setup(KIMI_EP8, "8xrtx-pro-6000")
+
+
+def closed(c: int, n: int, isl: int = 1024, osl: int = 1024) -> WorkloadSpec:
+    return WorkloadSpec(input=Lengths.fixed(isl), output=Lengths.fixed(osl), num_requests=n, concurrency=c)
+
+
+@pytest.mark.parametrize("which", ["kimi", "llama"])
+def test_one_client_agrees_with_the_analytic_model(which, kimi):
+    """At one request nothing queues and nothing batches: each request is one prefill, then osl − 1 decode
+    cycles. The simulation and the closed form must give the same figures."""
+    steps, memory, predictor = kimi if which == "kimi" else _setup(LLAMA_VLLM, "1xh100")
+    result = simulate(steps, memory, closed(1, 20))
+    p = predictor.predict(concurrency=1, isl=1024, osl=1024)
+    assert result.output_tok_s == pytest.approx(p.output_tok_s, rel=0.01)
+    assert result.tpot_s.mean == pytest.approx(p.tpot_s, rel=0.01)
+    assert result.ttft_s.mean == pytest.approx(p.ttft_s, rel=0.01)
+    assert result.retractions == 0 and result.peak_running == 1
+
+
+def test_one_client_by_hand(kimi):
+    """e2e = prefill + (osl − 1) cycles, with the cycle at each step's own context (linear in context, so
+    the mean over the steps is the cycle at the mean context)."""
+    steps, memory, _ = kimi
+    result = simulate(steps, memory, closed(1, 3, isl=512, osl=256))
+    prefill = steps.prefill_s(1, 512, 0)
+    cycles = sum(steps.decode_s(1, 513 + k) for k in range(255))
+    assert result.ttft_s.mean == pytest.approx(prefill, rel=1e-6)
+    assert result.e2e_s.mean == pytest.approx(prefill + cycles, rel=2e-3)
+    assert result.tpot_s.mean == pytest.approx(cycles / 255, rel=2e-3)
+
+
+def test_kv_capacity_makes_a_plateau_and_a_queue(kimi):
+    """EP8 with CUDA graphs off holds 23 requests of 1024 + 1024 tokens. Beyond that, throughput stays flat,
+    time to first token grows with the queue, and Little's law holds: requests per second = C / mean e2e."""
+    steps, memory, _ = kimi
+    cap = memory.max_concurrency(isl=1024, osl=1024)
+    assert cap == 23
+    runs = {c: simulate(steps, memory, closed(c, 4 * c)) for c in (8, 32, 64, 128)}
+    plateau = runs[32].output_tok_s
+    for c in (64, 128):
+        assert runs[c].output_tok_s == pytest.approx(plateau, rel=0.10)
+    assert runs[8].output_tok_s < 0.75 * plateau  # below the KV bound, more clients still pay
+    assert runs[128].ttft_s.mean > 2 * runs[64].ttft_s.mean > 4 * runs[32].ttft_s.mean
+    for c, r in runs.items():
+        assert r.request_per_s == pytest.approx(c / r.e2e_s.mean, rel=0.25)  # ramp-up and drain blur it
+        assert r.mean_running <= cap * 1.3  # SGLang admits past the strict bound, then evicts
+    assert runs[8].retractions == 0 and runs[128].retractions > 0
+
+
+def test_the_pool_is_never_overfilled(kimi):
+    """KV held per rank, kept up to date at every change, matches a recount and never exceeds the pool."""
+    steps, memory, _ = kimi
+    sim = Simulation(steps, memory)
+    workload = WorkloadSpec(
+        input=Lengths.sglang_random(2048, 0.2), output=Lengths.sglang_random(1024, 0.2), num_requests=300,
+        concurrency=60,
+    )  # fmt: skip
+    run = _Run(sim, draw(workload), 60, None)
+    span = run._span
+    worst = []
+
+    def checked_span():
+        span()
+        for rank in run.ranks:
+            ids = rank.running + ([rank.chunked] if rank.chunked is not None else [])
+            recount = float(run._kv(ids).sum()) if ids else 0.0
+            assert rank.held == pytest.approx(recount, abs=1e-6)
+            worst.append(rank.held)
+
+    run._span = checked_span
+    run.loop()
+    assert max(worst) <= sim.pool
+    assert run.completed == 300 and run.retractions > 0
+
+
+def test_open_loop_at_low_rate_sees_a_lone_request(kimi):
+    """At one request in ten minutes (each takes 4 s) a typical request is alone: its TTFT is one prefill, its
+    TPOT one batch-1 cycle (a Poisson gap is sometimes short, so the tails may see a neighbour)."""
+    steps, memory, _ = kimi
+    workload = WorkloadSpec(
+        input=Lengths.fixed(1024), output=Lengths.fixed(256), num_requests=10, request_rate=1 / 600
+    )
+    result = simulate(steps, memory, workload)
+    assert result.ttft_s.p50 == pytest.approx(steps.prefill_s(1, 1024, 0), rel=1e-6)
+    assert result.tpot_s.p50 == pytest.approx(steps.decode_s(1, 1024 + 128), rel=0.01)
+
+
+def test_prefill_stalls_decode_in_sglang_but_not_in_a_mixed_batch():
+    """SGLang runs a new request's prefill alone, so running requests see a long gap (ITL tail); vLLM puts
+    the prefill chunk beside their decode tokens, so each of their steps is only a little longer."""
+    results = {}
+    for name, command in (
+        ("sglang", "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct"),
+        ("vllm", LLAMA_VLLM),
+    ):
+        steps, memory, _ = _setup(command, "1xh100")
+        workload = WorkloadSpec(input=Lengths.fixed(4096), output=Lengths.fixed(256), num_requests=64, request_rate=4)
+        results[name] = simulate(steps, memory, workload)
+    assert results["sglang"].itl_s.p99 > results["vllm"].itl_s.p99
+
+
+def test_a_request_larger_than_the_pool_is_a_clear_error(kimi):
+    steps, memory, _ = kimi
+    with pytest.raises(SpecError, match="does not fit one rank's KV pool"):
+        simulate(steps, memory, closed(1, 2, isl=60000, osl=1024))
+
+
+def test_weighted_percentiles_by_hand():
+    stats = Stats.of(np.array([1.0, 2.0, 10.0]), np.array([1.0, 8.0, 1.0]))
+    assert stats.mean == pytest.approx((1 + 16 + 10) / 10)
+    assert (stats.p50, stats.p90, stats.p99) == (2.0, 2.0, 10.0)
+    assert math.isnan(Stats.of(np.array([])).mean)
