@@ -148,6 +148,12 @@ def cluster(
 
 
 GpusOption = Annotated[str, typer.Option("--gpus", help="Cluster: 8xrtx-pro-6000, 2x8xh100, or a cluster YAML file.")]
+AcceptLength = Annotated[
+    float | None, typer.Option(help="Speculative decoding: mean tokens kept per step (the bonus token included).")
+]
+AcceptRate = Annotated[
+    float | None, typer.Option(help="Speculative decoding: chance each drafted token is accepted (0 to 1).")
+]
 VersionOption = Annotated[
     str | None, typer.Option("--engine-version", help="Engine release; default: the latest known.")
 ]
@@ -168,10 +174,12 @@ def check(
     concurrency: Annotated[
         str, typer.Option(help="Clients to predict serving figures for, comma-separated (closed loop).")
     ] = "1,8,64",
+    accept_length: AcceptLength = None,
+    accept_rate: AcceptRate = None,
     json: JsonFlag = False,
 ) -> None:
     """Will this launch command start, how, and how fast? Give the command after --. Exit 1 if it would not
-    start."""
+    start. With speculative decoding, predictions need its acceptance (--accept-length or --accept-rate)."""
     if not ctx.args:
         raise SpecError(
             "give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
@@ -187,17 +195,27 @@ def check(
         )
         memory = memory_ledger(checked.model, setup.layout, cluster_spec)
     levels = _int_list(concurrency, "--concurrency")
-    predicted = None
+    predicted, note = None, None
     if setup.layout is not None and memory is not None and report_setups.verdict(setup, memory) == "ok":
-        predicted = predict(checked.model, setup.layout, cluster_spec, memory, concurrency=levels, isl=isl, osl=osl)
+        acceptance = _acceptance(setup.layout, accept_length, accept_rate)
+        if setup.layout.options.spec is not None and acceptance is None:
+            note = "no predictions: speculative decoding needs its acceptance (--accept-length or --accept-rate)"
+        else:
+            predicted = predict(
+                checked.model, setup.layout, cluster_spec, memory, concurrency=levels, isl=isl, osl=osl,
+                accept_length=acceptance,
+            )  # fmt: skip
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
         payload["predicted"] = report_predictions.predictions_payload(predicted) if predicted else None
+        payload["prediction_note"] = note
         typer.echo(report_json.dumps(payload))
     else:
         report_table.print_renderable(report_setups.check_view(setup, checked.model, memory, isl=isl, osl=osl))
         if predicted:
             report_table.print_renderable(report_predictions.predictions_table(predicted, isl=isl, osl=osl))
+        if note:
+            report_table.print_renderable(note)
     if report_setups.verdict(setup, memory) != "ok":
         raise typer.Exit(1)
 
@@ -238,12 +256,8 @@ def simulate(
         ),
     ] = None,
     num_prompts: Annotated[int, typer.Option(min=1, help="Requests per run.")] = 1000,
-    accept_length: Annotated[
-        float | None, typer.Option(help="Speculative decoding: mean tokens kept per step (the bonus token included).")
-    ] = None,
-    accept_rate: Annotated[
-        float | None, typer.Option(help="Speculative decoding: chance each drafted token is accepted (0 to 1).")
-    ] = None,
+    accept_length: AcceptLength = None,
+    accept_rate: AcceptRate = None,
     seed: Annotated[int, typer.Option(help="Seed of the random lengths and arrivals.")] = 0,
     json: JsonFlag = False,
 ) -> None:

@@ -223,7 +223,61 @@ def test_bad_concurrency_is_one_line():
 
 def test_validate_reports_the_error_per_metric():
     payload = run_json("validate")
-    metrics = {s["metric"]: s for s in payload["summary"]}
-    assert set(metrics) == {"output_tok_s", "tpot_ms"}
-    assert metrics["output_tok_s"]["rows"] == len([r for r in payload["rows"] if r["measured"]["output_tok_s"]])
+    metrics = {(s["group"], s["metric"]): s for s in payload["summary"]}
+    assert set(metrics) == {(g, m) for g in ("plain", "speculative") for m in ("output_tok_s", "tpot_ms")}
+    spec_rows = [r for r in payload["rows"] if r["accept_length"]]
+    assert {r["id"] for r in spec_rows} == {"GT21", "GT90", "GT91"}
+    assert metrics[("speculative", "output_tok_s")]["rows"] == len(spec_rows)
+    plain = [r for r in payload["rows"] if not r["accept_length"] and r["measured"]["output_tok_s"]]
+    assert metrics[("plain", "output_tok_s")]["rows"] == len(plain)
     assert all(r["predicted"]["output_tok_s"] for r in payload["rows"])  # every bundled row is covered
+
+
+def simulate_json(*args: str):
+    result = runner.invoke(app, ["simulate", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+KIMI_EP8 = ["python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp", "8", "--ep", "8"]
+
+
+def test_simulate_reports_the_benchmark_metrics_per_load():
+    payload = simulate_json("--concurrency", "1,16", "--request-rate", "0.5", "--num-prompts", "40", "--", *KIMI_EP8)
+    assert payload["layout"] == "TP8 EP8" and payload["accept_length"] is None
+    loads = [(r["concurrency"], r["request_rate"]) for r in payload["results"]]
+    assert loads == [(1, None), (16, None), (None, 0.5)]
+    one = payload["results"][0]
+    for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(one[metric]) == {"mean", "p50", "p90", "p99"}
+    assert one["requests"] == 40 and one["output_tok_s"] > 0
+    assert payload["results"][1]["output_tok_s"] > 3 * one["output_tok_s"]  # batching pays, up to the KV bound
+
+
+def test_simulate_speculative_decoding_with_an_acceptance_rate():
+    payload = simulate_json(
+        "--concurrency", "1", "--num-prompts", "4", "--accept-rate", "0.5", "--", *KIMI_EP8,
+        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "z-lab/Kimi-K2.6-DFlash",
+    )  # fmt: skip
+    assert payload["accept_length"] == pytest.approx(2 - 0.5**7)  # 1 + 1/2 + … + 1/2^7: block 8, 7 drafted
+    assert payload["results"][0]["tokens_per_step"] == pytest.approx(2 - 0.5**7, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--", *KIMI_EP8], "give --concurrency"),
+        (["--concurrency", "4"], "give the launch command after --"),
+        (["--request-rate", "0", "--", *KIMI_EP8], "--request-rate takes positive numbers"),
+        (["--concurrency", "1", "--accept-length", "2", "--", *KIMI_EP8], "need a launch command with speculative"),
+        (["--concurrency", "1", "--", *KIMI_EP8, "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+          "z-lab/Kimi-K2.6-DFlash"], "needs its acceptance"),
+        (["--concurrency", "1", "--lengths", "nosuchset", "--", *KIMI_EP8], "unknown length set"),
+        (["--concurrency", "1", "--isl", "90000", "--", *KIMI_EP8], "does not fit one rank's KV pool"),
+        (["--concurrency", "1", "--", *KIMI_EP8[:-4], "--tp", "2", "--ep", "4"], "would not start"),
+    ],
+)  # fmt: skip
+def test_simulate_bad_input_is_one_line(args, message):
+    result = shardwise("simulate", *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr

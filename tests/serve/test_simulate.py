@@ -110,9 +110,7 @@ def test_open_loop_at_low_rate_sees_a_lone_request(kimi):
     """At one request in ten minutes (each takes 4 s) a typical request is alone: its TTFT is one prefill, its
     TPOT one batch-1 cycle (a Poisson gap is sometimes short, so the tails may see a neighbour)."""
     steps, memory, _ = kimi
-    workload = WorkloadSpec(
-        input=Lengths.fixed(1024), output=Lengths.fixed(256), num_requests=10, request_rate=1 / 600
-    )
+    workload = WorkloadSpec(input=Lengths.fixed(1024), output=Lengths.fixed(256), num_requests=10, request_rate=1 / 600)
     result = simulate(steps, memory, workload)
     assert result.ttft_s.p50 == pytest.approx(steps.prefill_s(1, 1024, 0), rel=1e-6)
     assert result.tpot_s.p50 == pytest.approx(steps.decode_s(1, 1024 + 128), rel=0.01)
