@@ -11,6 +11,9 @@ The public API, one layer at a time:
     memory = memory_ledger(checked.model, checked.setup.layout, cluster)
     predictions = predict(checked.model, checked.setup.layout, cluster, memory,
                           concurrency=[1, 8, 64], isl=1024, osl=1024)
+    steps = StepTimes(checked.model, checked.setup.layout, cluster)
+    result = simulate(steps, memory, WorkloadSpec(input=Lengths.fixed(1024), output=Lengths.fixed(1024),
+                                                  num_requests=1000, concurrency=64))
 """
 
 from shardwise.cost.comm import CollectiveCost, collective_cost
@@ -20,11 +23,14 @@ from shardwise.errors import DataError, ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import load_gpu, load_link
 from shardwise.hardware.profile import GpuProfile, LinkProfile
+from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steady import Prediction, predict
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import catalog, load_model
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import WeightLedger, model_weights, weight_ledger
+from shardwise.spec.workload import Lengths, WorkloadSpec
 
 __version__ = "0.1.0"
 
@@ -34,13 +40,17 @@ __all__ = [
     "CollectiveCost",
     "DataError",
     "GpuProfile",
+    "Lengths",
     "LinkProfile",
     "MemoryLedger",
     "ModelSpec",
     "Prediction",
+    "ServeResult",
     "ShardwiseError",
     "SpecError",
+    "StepTimes",
     "WeightLedger",
+    "WorkloadSpec",
     "catalog",
     "check_command",
     "collective_cost",
@@ -51,5 +61,6 @@ __all__ = [
     "memory_ledger",
     "model_weights",
     "predict",
+    "simulate",
     "weight_ledger",
 ]

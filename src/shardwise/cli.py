@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.text import Text
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.base import engine_names, get_engine
-from shardwise.engines.check import check_command, model_reference
+from shardwise.engines.check import check_command, model_reference, without_speculative
 from shardwise.engines.check import layouts as list_layouts
 from shardwise.engines.layout import Layout
 from shardwise.errors import ShardwiseError, SpecError
@@ -28,6 +29,7 @@ from shardwise.report import setups as report_setups
 from shardwise.report import simulation as report_simulation
 from shardwise.report import table as report_table
 from shardwise.report import validation as report_validation
+from shardwise.serve.simulate import ServeResult
 from shardwise.serve.simulate import simulate as run_simulation
 from shardwise.serve.speculative import accept_length_from_rate, spec_plan
 from shardwise.serve.steady import predict
@@ -290,14 +292,22 @@ def simulate(
                      concurrency=c, request_rate=r, burstiness=burstiness, seed=seed)
         for c, r in loads
     ]  # fmt: skip
-    results = []
-    with report_simulation.progress_bar(num_prompts * len(workloads), label="simulating") as update:
-        for n, workload in enumerate(workloads):
-            done = n * num_prompts
+    runs = [(steps, memory)]
+    if acceptance is not None:  # the same command without drafting, to say what speculative decoding gains
+        plain = check_command(without_speculative(ctx.args), cluster=cluster_spec, model=model, version=engine_version)
+        assert plain.setup.layout is not None
+        plain_memory = memory_ledger(plain.model, plain.setup.layout, cluster_spec)
+        runs.append((StepTimes(plain.model, plain.setup.layout, cluster_spec), plain_memory))
+    results: list[list[ServeResult]] = [[] for _ in runs]
+    with report_simulation.progress_bar(num_prompts * len(workloads) * len(runs), label="simulating") as update:
+        for n, (workload, (run_steps, run_memory)) in enumerate(itertools.product(workloads, runs)):
             label = f"C={workload.concurrency}" if workload.concurrency else f"{workload.request_rate:g} req/s"
-            results.append(
-                run_simulation(steps, memory, workload, progress=lambda k, d=done, s=label: update(s, d + k))
-            )
+
+            def tick(k: int, done: int = n * num_prompts, text: str = label) -> None:
+                update(text, done + k)
+
+            results[n % len(runs)].append(run_simulation(run_steps, run_memory, workload, progress=tick))
+    baseline = results[1] if len(results) > 1 else None
     launch = get_engine(setup.engine).launch_command(
         setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
     )
@@ -308,7 +318,7 @@ def simulate(
             "workload": {"input": input_lengths.model_dump(), "output": output_lengths.model_dump(),
                          "pairs": len(pairs), "num_prompts": num_prompts, "burstiness": burstiness, "seed": seed},
             "accept_length": acceptance,
-            "results": [report_simulation.result_payload(r) for r in results],
+            "results": report_simulation.results_payload(results[0], baseline),
         }  # fmt: skip
         typer.echo(report_json.dumps(payload))
     else:
@@ -318,7 +328,8 @@ def simulate(
         title = f"simulated {setup.layout.describe()} on {cluster_spec.name}, {num_prompts} requests of {shape}"
         if acceptance:
             title += f", {acceptance:.2f} tokens kept per speculative step"
-        report_table.print_renderable(report_simulation.results_table(results, title=title))
+        view = report_simulation.results_table(results[0], title=title, baseline=baseline)
+        report_table.print_renderable(view)
 
 
 def _rate_list(text: str) -> list[float]:

@@ -261,6 +261,8 @@ def test_simulate_speculative_decoding_with_an_acceptance_rate():
     )  # fmt: skip
     assert payload["accept_length"] == pytest.approx(2 - 0.5**7)  # 1 + 1/2 + … + 1/2^7: block 8, 7 drafted
     assert payload["results"][0]["tokens_per_step"] == pytest.approx(2 - 0.5**7, abs=1e-4)
+    one = payload["results"][0]
+    assert one["speedup"] == pytest.approx(one["output_tok_s"] / one["plain_output_tok_s"], rel=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -141,3 +141,31 @@ def test_weighted_percentiles_by_hand():
     assert stats.mean == pytest.approx((1 + 16 + 10) / 10)
     assert (stats.p50, stats.p90, stats.p99) == (2.0, 2.0, 10.0)
     assert math.isnan(Stats.of(np.array([])).mean)
+
+
+def test_attention_dp_ranks_take_turns_and_step_together():
+    """DeepSeek-V3 with attention DP over 8 ranks: 8 clients land one on each rank (round robin), every step
+    carries one token per rank, so each request sees the step of a batch of 8 spread over 8 ranks."""
+    steps, memory, _ = _setup(
+        "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --dp 8 --enable-dp-attention "
+        "--trust-remote-code",
+        "8xh200",
+    )
+    assert memory.ranks == 8
+    result = simulate(steps, memory, closed(8, 16, isl=1024, osl=512))
+    assert result.peak_running == 1  # per rank
+    assert result.tpot_s.mean == pytest.approx(steps.decode_s(8, 1024 + 256), rel=0.01)
+
+
+def test_replicas_behind_a_router_add_up():
+    """Two independent copies of Llama-3.1-8B (SGLang --dp 2 without attention DP) serve two clients as fast as
+    one copy serves one, twice over."""
+    one = simulate(*_setup("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct",
+                           "1xh100")[:2], closed(1, 10))  # fmt: skip
+    two_steps, two_memory, _ = _setup(
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --dp 2", "2xh100"
+    )
+    assert two_steps.layout.replicas == 2
+    two = simulate(two_steps, two_memory, closed(2, 20))
+    assert two.output_tok_s == pytest.approx(2 * one.output_tok_s, rel=0.01)
+    assert two.tpot_s.mean == pytest.approx(one.tpot_s.mean, rel=0.01)

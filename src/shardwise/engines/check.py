@@ -54,3 +54,20 @@ def model_reference(model_ref: str) -> str:
 
 def layouts(model_ref: str, cluster: ClusterSpec, *, engine: str, version: str | None = None) -> list[Setup]:
     return get_engine(engine).enumerate(_model_for(model_ref), cluster, version=version)
+
+
+def without_speculative(argv: list[str] | str) -> list[str]:
+    """The same launch command with its speculative-decoding options removed (SGLang's --speculative-*,
+    vLLM's --speculative-config), for comparing against plain decoding."""
+    args = argv.split() if isinstance(argv, str) else list(argv)
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg.startswith(("--speculative-", "--speculative_")):
+            skip = "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("--")
+            continue
+        out.append(arg)
+    return out

@@ -41,12 +41,24 @@ def result_payload(r: ServeResult) -> dict[str, Any]:
     }
 
 
-def results_table(results: list[ServeResult], *, title: str) -> Table:
+def results_payload(results: list[ServeResult], baseline: list[ServeResult] | None) -> list[dict[str, Any]]:
+    """Every run; with a plain-decoding baseline, its output tok/s and the speedup over it."""
+    out = []
+    for n, r in enumerate(results):
+        row = result_payload(r)
+        if baseline:
+            row["plain_output_tok_s"] = round(baseline[n].output_tok_s, 2)
+            row["speedup"] = round(r.output_tok_s / baseline[n].output_tok_s, 3)
+        out.append(row)
+    return out
+
+
+def results_table(results: list[ServeResult], *, title: str, baseline: list[ServeResult] | None = None) -> Table:
     table = Table(title=title)
     columns = ("load", "tok/s", "TTFT s", "p99", "TPOT ms", "ITL p99", "E2E s", "run", "evict")
-    for name in columns:
+    for name in columns + (("gain",) if baseline else ()):
         table.add_column(name, justify="right")
-    for r in results:
+    for n, r in enumerate(results):
         load = f"C={r.concurrency}" if r.concurrency else ""
         if r.request_rate is not None:
             load = f"{load} {r.request_rate:g}/s".strip()
@@ -60,12 +72,22 @@ def results_table(results: list[ServeResult], *, title: str) -> Table:
             _fmt(r.e2e_s.mean, 1, 1),
             f"{r.mean_running:,.1f}",
             f"{r.retractions:,}",
+            *([f"{r.output_tok_s / baseline[n].output_tok_s:.2f}×"] if baseline else []),
         )
     table.caption = (
         "tok/s = output tokens; TTFT and E2E means in s, TPOT mean and ITL p99 in ms; run = requests decoding "
         "per rank on average; evict = sent back to the queue when the KV pool was full; --json for all"
     )
+    if baseline:
+        losing = [r for n, r in enumerate(results) if r.output_tok_s < baseline[n].output_tok_s]
+        table.caption += "; gain = output tok/s over the same command without speculative decoding: " + (
+            f"it stops paying at {_load(losing[0])}" if losing else "it pays at every load simulated"
+        )
     return table
+
+
+def _load(r: ServeResult) -> str:
+    return f"{r.concurrency} clients" if r.concurrency else f"{r.request_rate:g} requests/s"
 
 
 def _fmt(seconds: float, scale: float, digits: int) -> str:

@@ -117,8 +117,8 @@ class Simulation:
         return run.result(workload, self.replicas)
 
     def _check_fits(self, requests: Requests) -> None:
-        need = requests.input_tokens + np.minimum(requests.output_tokens, self.policy.reserve_clip_tokens)
-        worst = int(need.max())
+        """Every request must fit one rank's pool on its own, or it could never finish."""
+        worst = int((requests.input_tokens + requests.output_tokens).max())
         if worst > self.pool:
             raise SpecError(
                 f"a request of {worst:,} tokens (prompt + output) does not fit one rank's KV pool of "
@@ -242,7 +242,7 @@ class _Run:
         """One step in which some ranks prefill: alone on their rank (prefill first) or beside its decode (mixed).
         Ranks that do not prefill decode one step. The step lasts as long as its slowest rank."""
         sim = self.sim
-        duration, decoding, waiting = 0.0, [], []
+        duration, decoding, paused = 0.0, [], []
         for rank, batch in zip(self.ranks, batches, strict=True):
             fresh = {i for i, _ in batch}
             cost = 0.0
@@ -257,7 +257,7 @@ class _Run:
                     cost += sim.steps.decode_s(len(old) * sim.scale, self._context(old))
                     decoding.append((rank, old))
             else:
-                waiting += [i for i in rank.running if i not in fresh]
+                paused += [i for i in rank.running if i not in fresh]  # wait out the prefill
             duration = max(duration, cost)
         self.t += duration
         self.steps += 1
@@ -269,7 +269,7 @@ class _Run:
                     if np.isnan(self.first[i]):
                         self.first[i] = self.t
                     self.stall[i] = 0.0
-        self.stall[waiting] += duration
+        self.stall[paused] += duration
         for rank, ids in decoding:
             self._record_itl(ids, duration, 1)
             self.gen[ids] += sim.tau
@@ -371,8 +371,9 @@ class _Run:
                 self._mixed_step(batches)
             elif any(rank.running for rank in self.ranks):
                 self._span()
-            elif self.sends:
+            elif self.sends:  # idle until the next request; an idle SGLang resets its reserve ratio
                 self.t = max(self.t, self.sends[0][0])
+                self.ratio = self.sim.policy.reserve_ratio_start
             else:
                 raise RuntimeError("simulation stalled with requests left")  # a bug, not a user error
 
