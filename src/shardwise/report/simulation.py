@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
@@ -15,24 +14,27 @@ from rich.table import Table
 from shardwise.serve.simulate import ServeResult, Stats
 
 
-def _ms(stats: Stats) -> dict[str, float]:
-    return {k: round(v * 1e3, 3) for k, v in asdict(stats).items()}
+def _ms(name: str, stats: Stats) -> dict[str, float]:
+    """mean_/median_/p90_/p99_<name>_ms, as the benchmark tools name them."""
+    values = {"mean": stats.mean, "median": stats.p50, "p90": stats.p90, "p99": stats.p99}
+    return {f"{k}_{name}_ms": round(v * 1e3, 3) for k, v in values.items()}
 
 
 def result_payload(r: ServeResult) -> dict[str, Any]:
-    """One run: throughput in tokens or requests per second, latencies in ms (mean, p50, p90, p99)."""
+    """One run, with the keys and definitions of `vllm bench serve --save-result` (SGLang's bench_serving uses
+    the same names, except e2e_latency for e2el), then what the simulated engine did."""
     return {
         "concurrency": r.concurrency,
         "request_rate": r.request_rate,
-        "requests": r.requests,
-        "duration_s": round(r.duration_s, 3),
-        "output_tok_s": round(r.output_tok_s, 2),
-        "total_tok_s": round(r.total_tok_s, 2),
-        "request_per_s": round(r.request_per_s, 4),
-        "ttft_ms": _ms(r.ttft_s),
-        "tpot_ms": _ms(r.tpot_s),
-        "itl_ms": _ms(r.itl_s),
-        "e2e_ms": _ms(r.e2e_s),
+        "completed": r.requests,
+        "duration": round(r.duration_s, 3),
+        "request_throughput": round(r.request_per_s, 4),
+        "output_throughput": round(r.output_tok_s, 2),
+        "total_token_throughput": round(r.total_tok_s, 2),
+        **_ms("ttft", r.ttft_s),
+        **_ms("tpot", r.tpot_s),
+        **_ms("itl", r.itl_s),
+        **_ms("e2el", r.e2e_s),
         "mean_running_per_rank": round(r.mean_running, 2),
         "peak_running_per_rank": r.peak_running,
         "retractions": r.retractions,
@@ -47,7 +49,7 @@ def results_payload(results: list[ServeResult], baseline: list[ServeResult] | No
     for n, r in enumerate(results):
         row = result_payload(r)
         if baseline:
-            row["plain_output_tok_s"] = round(baseline[n].output_tok_s, 2)
+            row["plain_output_throughput"] = round(baseline[n].output_tok_s, 2)
             row["speedup"] = round(r.output_tok_s / baseline[n].output_tok_s, 3)
         out.append(row)
     return out
