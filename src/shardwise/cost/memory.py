@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways
+from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import runtime
@@ -157,6 +157,7 @@ def _runtime_bytes(layout: Layout) -> float:
 def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> MemoryLedger:
     """The memory of every GPU of `layout` on `cluster`, the KV pool the engine sizes, and the verdict."""
     opts = layout.options
+    model = with_kv_dtype(model, layout)
     capacity = cluster.gpu.memory_bytes
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
     drafter, draft_warning = _drafter(model, layout)

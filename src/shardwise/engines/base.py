@@ -9,7 +9,7 @@ Rules are small functions returning a `Rejection` (or None); the engine's error 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal, Protocol
@@ -78,6 +78,7 @@ class Engine(Protocol):
     supports_expert_parallel: ClassVar[bool]
     supports_attention_dp: ClassVar[bool]
     kv_budget: ClassVar[str]  # "of_total" (SGLang mem_fraction_static, vLLM gpu_memory_utilization)
+    option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]]  # engine options worth trying per layout
 
     def resolve(
         self,
@@ -92,6 +93,22 @@ class Engine(Protocol):
     def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]: ...
 
     def launch_command(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[str]: ...
+
+    def setup(
+        self,
+        given: dict[str, Any],
+        *,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        version: Any,
+        env: dict[str, str] | None = None,
+    ) -> Setup: ...
+
+    def version(self, text: str | None) -> Any: ...
+
+    def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> Iterable[dict[str, Any]]: ...
+
+    def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]: ...
 
 
 _REGISTRY: dict[str, type] = {}

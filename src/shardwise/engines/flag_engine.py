@@ -29,6 +29,8 @@ class FlagEngine:
     supports_expert_parallel: ClassVar[bool] = True
     supports_attention_dp: ClassVar[bool] = True
     kv_budget: ClassVar[str] = "of_total"
+    # engine options worth trying on every layout: (label, options by canonical name)
+    option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
 
     # --- what each engine supplies ----------------------------------------------------------------------
 
@@ -45,6 +47,15 @@ class FlagEngine:
 
     def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> Iterable[dict[str, Any]]:
         raise NotImplementedError
+
+    def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
+        """Options that turn on `algorithm` drafting ("mtp", "dflash"); {} where the engine has none."""
+        return {}
+
+    def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> Iterable[dict[str, Any]]:
+        """Commands people try by hand that `candidates` leaves out (fewer GPUs, sizes that do not nest), so a
+        ranking can say why each one is out."""
+        return []
 
     def nodes(self, flags: dict[str, Any], cluster: ClusterSpec) -> int:
         """Nodes one launch spans."""

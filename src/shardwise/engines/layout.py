@@ -441,3 +441,19 @@ def comm_steps(layout: Layout, model: ModelSpec) -> list[CommStep]:
             )
         )
     return steps
+
+
+_KV_MODELS: dict[tuple[int, str], tuple[ModelSpec, ModelSpec]] = {}
+
+
+def with_kv_dtype(model: ModelSpec, layout: Layout) -> ModelSpec:
+    """The model as the layout's KV cache stores it (--kv-cache-dtype), the same object when unchanged."""
+    dtype = layout.options.kv_cache_dtype
+    if not dtype:
+        return model
+    held = _KV_MODELS.get((id(model), dtype))
+    if held is None or held[0] is not model:
+        if len(_KV_MODELS) >= 16:
+            _KV_MODELS.pop(next(iter(_KV_MODELS)))
+        held = _KV_MODELS[(id(model), dtype)] = (model, model.with_overrides(kv_dtype=dtype))
+    return held[1]

@@ -254,6 +254,10 @@ class SGLang(FlagEngine):
     parser_source: ClassVar[str] = "server_args.py (argparse, allow_abbrev on)"
     rules: ClassVar[list[Rule]] = RULES
     kv_budget: ClassVar[str] = "of_total"  # mem_fraction_static × the GPU's memory at start-up
+    option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = (
+        ("CUDA graphs off", {"disable_cuda_graph": True}),
+        ("FP8 KV cache", {"kv_cache_dtype": "fp8_e4m3"}),
+    )
 
     def effective(
         self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
@@ -287,6 +291,24 @@ class SGLang(FlagEngine):
 
     def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         return _candidates(model, cluster)
+
+    def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
+        """Options that turn on MTP (the checkpoint's own layers, 3 steps) or DFlash drafting."""
+        if algorithm == "dflash":
+            return {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": draft_model}
+        return {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4}  # fmt: skip
+
+    def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
+        """--tp-size × --pp-size up to the GPUs, with every --ep-size up to the GPUs (MoE models)."""
+        n = cluster.num_gpus
+        eps = divisors(n) if model.moe else [1]
+        out = []
+        for tp, pp, ep in product(divisors(n), divisors(n), eps):
+            if tp * pp <= n and pp <= model.num_layers:
+                given = {"tp_size": tp, "pp_size": pp, "ep_size": ep}
+                out.append({k: v for k, v in given.items() if v > 1 or k == "tp_size"})
+        return out
 
 
 def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:

@@ -121,6 +121,10 @@ class VLLM(FlagEngine):
     parser_source: ClassVar[str] = "engine/arg_utils.py (argparse)"
     rules: ClassVar[list[Rule]] = RULES
     kv_budget: ClassVar[str] = "of_total"  # gpu_memory_utilization × total memory
+    option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = (
+        ("CUDA graphs off", {"enforce_eager": True}),
+        ("FP8 KV cache", {"kv_cache_dtype": "fp8"}),
+    )
 
     def effective(
         self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
@@ -172,6 +176,30 @@ class VLLM(FlagEngine):
                         given["enable_expert_parallel"] = True
                     out.append(given)
         return out
+
+    def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
+        return _hand_tried(model, cluster)
+
+    def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
+        """Options that turn on MTP drafting (3 tokens); {} for drafting the rules here do not cover (DFlash)."""
+        if algorithm == "dflash":
+            return {}
+        return {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
+
+
+def _hand_tried(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
+    """-tp × -pp up to the GPUs, with and without --enable-expert-parallel (MoE models)."""
+    n = cluster.num_gpus
+    out = []
+    for tp, pp, ep in product(divisors(n), divisors(n), [False, True] if model.moe else [False]):
+        if tp * pp <= n and pp <= model.num_layers:
+            given: dict[str, Any] = {"tensor_parallel_size": tp}
+            if pp > 1:
+                given["pipeline_parallel_size"] = pp
+            if ep:
+                given["enable_expert_parallel"] = True
+            out.append(given)
+    return out
 
 
 def _json_option(name: str, text: str) -> dict[str, Any]:

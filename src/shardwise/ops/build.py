@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from shardwise.engines.layout import Layout, comm_steps, groups, stage_layers, weight_ways
+from shardwise.engines.layout import Layout, comm_steps, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
@@ -50,19 +50,6 @@ def _dtype(w: Weight) -> str:
     return {4: "fp4", 8: "fp8"}.get(bits, "bf16")
 
 
-_WEIGHTS: dict[int, tuple[ModelSpec, list[Weight]]] = {}
-
-
-def _weights(model: ModelSpec) -> list[Weight]:
-    """model_weights, remembered for the last few models (every layout of a model reads the same tensors)."""
-    held = _WEIGHTS.get(id(model))
-    if held is None or held[0] is not model:
-        if len(_WEIGHTS) >= 8:
-            _WEIGHTS.pop(next(iter(_WEIGHTS)))
-        held = _WEIGHTS[id(model)] = (model, model_weights(model))
-    return held[1]
-
-
 def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
     return model.layer_attention[layer], model.layer_mlp[layer]
 
@@ -71,7 +58,7 @@ class StepModel:
     """A layout's step, ready to be listed for any batch."""
 
     def __init__(self, model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> None:
-        self.model, self.layout, self.cluster = model, layout, cluster
+        self.model, self.layout, self.cluster = with_kv_dtype(model, layout), layout, cluster
         self._groups = groups(layout)
         self._stage_kinds = self._count_kinds()
         self._matrices, self._experts, self._head = self._read_weights()
@@ -93,7 +80,7 @@ class StepModel:
         by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
         experts: dict[tuple[str, str], _Matrix] = {}
         head = _Matrix("lm_head", 0.0, 0.0, "bf16")
-        for w in _weights(self.model):
+        for w in model_weights(self.model):
             ways = weight_ways(w, self.layout, self.model)
             if w.role == "lm_head" or (w.role == "embedding" and self.model.tie_word_embeddings):
                 head = _Matrix("lm_head", w.params / ways, w.bytes / ways, _dtype(w))
@@ -124,7 +111,7 @@ class StepModel:
     def _allreduce_impl(self) -> str:
         """Custom all-reduce runs over NVLink and over PCIe only for two GPUs; beyond that the engines fall back
         to NCCL (vLLM and SGLang custom_all_reduce.py: 'not supported on more than two PCIe-only GPUs')."""
-        if self.cluster.gpu.has_gpu_link and self.cluster.intra.p2p:
+        if self.cluster.intra.link.kind in ("nvlink", "xgmi") and self.cluster.intra.p2p:
             return "custom"
         return "custom" if self.layout.attn_tp <= 2 and self.cluster.intra.p2p else "nccl"
 

@@ -11,6 +11,7 @@ import difflib
 import json
 import re
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ class CatalogEntry:
     repo: str
     provenance: str  # verbatim | sibling | derived | reconstructed
     source: str
+    drafts_for: str | None = None  # a draft model: the alias of the target it drafts for
 
 
 def _models_dir() -> Path:
@@ -39,8 +41,18 @@ def _models_dir() -> Path:
 
 def catalog() -> dict[str, CatalogEntry]:
     """The bundled models by alias."""
+    return dict(_catalog())
+
+
+@cache
+def _catalog() -> dict[str, CatalogEntry]:
     raw = yaml.safe_load((_models_dir() / "catalog.yaml").read_text())
     return {alias: CatalogEntry(alias=alias, **fields) for alias, fields in raw.items()}
+
+
+def drafter_of(alias: str, algorithm: str) -> CatalogEntry | None:
+    """A bundled draft model of `algorithm` ("dflash") for the target `alias`, if there is one."""
+    return next((e for e in _catalog().values() if e.drafts_for == alias and algorithm.lower() in e.alias), None)
 
 
 def find_by_repo(repo: str) -> CatalogEntry | None:

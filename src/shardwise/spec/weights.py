@@ -85,8 +85,22 @@ class WeightLedger(BaseModel):
         raise KeyError(f"no component {name!r}; this model has {', '.join(c.name for c in self.components)}")
 
 
+_RESOLVED: dict[tuple[int, bool], tuple[ModelSpec, tuple[Weight, ...]]] = {}
+
+
 def model_weights(model: ModelSpec, *, mtp: bool = False) -> list[Weight]:
-    """All weight tensors with their storage format (MTP layers instead, with `mtp=True`)."""
+    """All weight tensors with their storage format (MTP layers instead, with `mtp=True`). Remembered for the
+    last few models: every layout of a model reads the same tensors."""
+    key = (id(model), mtp)
+    held = _RESOLVED.get(key)
+    if held is None or held[0] is not model:
+        if len(_RESOLVED) >= 16:
+            _RESOLVED.pop(next(iter(_RESOLVED)))
+        held = _RESOLVED[key] = (model, tuple(_resolve(model, mtp=mtp)))
+    return list(held[1])
+
+
+def _resolve(model: ModelSpec, *, mtp: bool) -> list[Weight]:
     dense = weight_format(model.dtype)
     raw = _mtp_weights(model) if mtp else list(_all_weights(model))
     resolved = []

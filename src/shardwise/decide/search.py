@@ -1,0 +1,187 @@
+"""Every setup worth serving a model with on a cluster, predicted; and every setup that is out, and why.
+
+Candidates are each engine's valid layouts on all of the cluster's GPUs (its own enumeration: TP, PP, EP,
+attention DP, dense TP, DCP, replicas), each with the engine's default options and with every option variant
+the engine declares (CUDA graphs off, FP8 KV cache), predicted at every concurrency by the closed-form
+model. Excluded are the setups the engine refuses, those that do not fit in memory, and those that leave
+GPUs idle: from the enumeration and from the commands people try by hand (`Engine.hand_tried`).
+
+Pruning loses no optimum: a setup is dropped only when it cannot start (refused, weights do not load, no
+KV room) or cannot hold one request of the workload; every setup that starts is predicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardwise.cost.memory import MemoryLedger, memory_ledger
+from shardwise.engines.base import Engine, Setup, get_engine
+from shardwise.engines.check import model_reference
+from shardwise.engines.flags import command_text
+from shardwise.engines.layout import Layout
+from shardwise.serve.steady import Prediction, Predictor
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.model import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A setup that starts, with its predictions at every concurrency of the search."""
+
+    engine: str
+    variant: str  # "" for the engine's defaults, else the option variant ("CUDA graphs off", …)
+    setup: Setup
+    layout: Layout
+    launch: tuple[str, ...]
+    memory: MemoryLedger
+    predictions: tuple[Prediction, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine} {self.layout.describe()}" + (f", {self.variant}" if self.variant else "")
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.gpus_used
+
+    @property
+    def peak(self) -> Prediction:
+        return max(self.predictions, key=lambda p: p.output_tok_s)
+
+    def at(self, concurrency: int) -> Prediction:
+        return next(p for p in self.predictions if p.concurrency == concurrency)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Excluded:
+    """A setup that will not serve, with the reason and the engine's own error where it raises one."""
+
+    engine: str
+    launch: tuple[str, ...]
+    layout: str | None
+    verdict: str  # invalid | oom | no_kv_room | too_long | idle_gpus
+    reason: str
+    engine_error: str | None = None
+    hand_tried: bool = False  # one of the commands people try first
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    model: ModelSpec
+    model_ref: str
+    cluster: ClusterSpec
+    isl: int
+    osl: int
+    concurrency: tuple[int, ...]
+    candidates: tuple[Candidate, ...]
+    excluded: tuple[Excluded, ...]
+    engines: tuple[str, ...] = field(default_factory=tuple)
+
+
+class _Search:
+    def __init__(self, model: ModelSpec, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int,
+                 concurrency: Sequence[int]) -> None:  # fmt: skip
+        self.model, self.model_ref, self.cluster = model, model_ref, cluster
+        self.isl, self.osl, self.concurrency = isl, osl, tuple(concurrency)
+        self.candidates: list[Candidate] = []
+        self.excluded: dict[str, Excluded] = {}
+        self._seen: set[tuple[str, tuple[int, ...], str]] = set()
+
+    def engine(self, name: str, version: str | None) -> None:
+        engine = get_engine(name)
+        v = engine.version(version)
+        hand = [dict(g) for g in engine.hand_tried(self.model, self.cluster)]
+        for given, tried in [(g, True) for g in hand] + [
+            (dict(g), False) for g in engine.candidates(self.model, self.cluster)
+        ]:
+            self._consider(engine, given, v, hand_tried=tried)
+
+    def _consider(self, engine: Engine, given: dict[str, Any], version: Any, *, hand_tried: bool) -> None:
+        setup = engine.setup(given, model=self.model, cluster=self.cluster, version=version)
+        launch = self._launch(engine, setup)
+        if not setup.valid or setup.layout is None:
+            first = setup.rejections[0]
+            self._exclude(engine.name, launch, None, "invalid", first.reason, first.engine_error, hand_tried)
+            return
+        layout = setup.layout
+        memory = memory_ledger(self.model, layout, self.cluster)
+        if setup.gpus_used < self.cluster.num_gpus:
+            why = f"starts on {setup.gpus_used} of the {self.cluster.num_gpus} GPUs"
+            if memory.verdict != "ok":
+                why += f", and even so: {memory.reason}"
+            self._exclude(engine.name, launch, layout.describe(), "idle_gpus" if memory.verdict == "ok" else
+                          memory.verdict, why, memory.engine_error, hand_tried)  # fmt: skip
+            return
+        key = (engine.name, layout.structure(), "")
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        if not self._fits(engine.name, launch, layout, memory, hand_tried):
+            return
+        self._add(engine, setup, launch, memory, "")
+        for label, options in engine.option_variants:
+            if all(given.get(k) == v for k, v in options.items()):
+                continue
+            variant = engine.setup({**given, **options}, model=self.model, cluster=self.cluster, version=version)
+            if variant.valid and variant.layout is not None:
+                v_memory = memory_ledger(self.model, variant.layout, self.cluster)
+                if v_memory.verdict == "ok" and v_memory.max_concurrency(isl=self.isl, osl=self.osl) >= 1:
+                    self._add(engine, variant, self._launch(engine, variant), v_memory, label)
+
+    def _fits(self, engine: str, launch: tuple[str, ...], layout: Layout, memory: MemoryLedger, tried: bool) -> bool:
+        if memory.verdict != "ok":
+            self._exclude(engine, launch, layout.describe(), memory.verdict, memory.reason or memory.verdict,
+                          memory.engine_error, tried)  # fmt: skip
+            return False
+        if memory.max_concurrency(isl=self.isl, osl=self.osl) < 1:
+            reason = (
+                f"its KV pool ({memory.kv_tokens_per_rank:,} tokens per rank) cannot hold one request of "
+                f"{self.isl} + {self.osl} tokens"
+            )
+            self._exclude(engine, launch, layout.describe(), "too_long", reason, None, tried)
+            return False
+        return True
+
+    def _add(self, engine: Engine, setup: Setup, launch: tuple[str, ...], memory: MemoryLedger, variant: str) -> None:
+        assert setup.layout is not None
+        predictor = Predictor(self.model, setup.layout, self.cluster, memory)
+        predictions = tuple(predictor.sweep(self.concurrency, isl=self.isl, osl=self.osl))
+        self.candidates.append(
+            Candidate(engine=engine.name, variant=variant, setup=setup, layout=setup.layout, launch=launch,
+                      memory=memory, predictions=predictions)
+        )  # fmt: skip
+
+    def _launch(self, engine: Engine, setup: Setup) -> tuple[str, ...]:
+        return tuple(
+            engine.launch_command(setup, model_ref=model_reference(self.model_ref), remote_code=self.model.remote_code)
+        )
+
+    def _exclude(self, engine: str, launch: tuple[str, ...], layout: str | None, verdict: str, reason: str,
+                 error: str | None, tried: bool) -> None:  # fmt: skip
+        text = command_text(list(launch))
+        if text not in self.excluded:
+            self.excluded[text] = Excluded(engine=engine, launch=launch, layout=layout, verdict=verdict,
+                                           reason=reason, engine_error=error, hand_tried=tried)  # fmt: skip
+
+
+def search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    model_ref: str,
+    engines: Sequence[str],
+    isl: int,
+    osl: int,
+    concurrency: Sequence[int],
+    version: str | None = None,
+) -> SearchResult:
+    """Predict every setup of `engines` that serves `model` on `cluster`; list the others with their reasons."""
+    state = _Search(model, model_ref, cluster, isl=isl, osl=osl, concurrency=concurrency)
+    for name in engines:
+        state.engine(name, version if len(engines) == 1 else None)
+    return SearchResult(
+        model=model, model_ref=model_ref, cluster=cluster, isl=isl, osl=osl, concurrency=tuple(concurrency),
+        candidates=tuple(state.candidates), excluded=tuple(state.excluded.values()), engines=tuple(engines),
+    )  # fmt: skip

@@ -1,0 +1,129 @@
+"""What would change the answer, predicted: the winner's layout with other engine options, the same GPUs
+with NVLink, more GPUs, speculative decoding at a stated acceptance.
+
+Each what-if is priced by the same model as the ranking, on a changed input (a flag, the cluster's link,
+the GPU count); its gain is its best throughput over the winner's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardwise.cost.memory import memory_ledger
+from shardwise.decide.rank import Ranking
+from shardwise.decide.search import Candidate, SearchResult
+from shardwise.engines.base import get_engine
+from shardwise.serve.steady import Predictor
+from shardwise.spec.catalog import drafter_of
+from shardwise.spec.cluster import build_cluster
+
+HYPOTHETICAL_LINK = "nvlink4"  # 900 GB/s per GPU: the NVLink of H100/H200 boxes
+REPREDICTED = 10  # best setups re-predicted on a changed cluster
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhatIf:
+    label: str
+    setup: str | None  # the setup that gives the figure
+    output_tok_s: float | None
+    gain: float | None  # over the winner
+    note: str
+
+
+def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | None = None) -> list[WhatIf]:
+    win = ranking.best
+    if win is None:
+        return []
+    base = win.value
+    out = [_option(result, win.candidate, base, label) for label in ("CUDA graphs off", "FP8 KV cache")]
+    out.append(_nvlink(result, ranking, base))
+    out.append(WhatIf(
+        label=f"twice the GPUs ({2 * result.cluster.num_gpus})", setup=f"2× {win.candidate.name}",
+        output_tok_s=2 * base, gain=2.0,
+        note="two copies behind a router; a wider layout may do better: search it with --gpus "
+        f"2x{result.cluster.gpus_per_node}x{result.cluster.gpu.name}",
+    ))  # fmt: skip
+    out += _speculative(result, win.candidate, base, accept_length)
+    return [w for w in out if w is not None]
+
+
+def _option(result: SearchResult, winner: Candidate, base: float, label: str) -> WhatIf | None:
+    """The winner's layout with one engine option toggled: the same layout with or without the variant."""
+    same = [c for c in result.candidates if c.engine == winner.engine and c.layout.structure() ==
+            winner.layout.structure()]  # fmt: skip
+    if winner.variant == label:
+        other = next((c for c in same if c.variant == ""), None)
+        name = f"without {label.replace(' off', '').lower()}" if "off" not in label else "CUDA graphs on"
+    else:
+        other = next((c for c in same if c.variant == label), None)
+        name = label
+    if other is None:
+        return None
+    value = other.peak.output_tok_s
+    return WhatIf(label=name, setup=other.name, output_tok_s=value, gain=value / base,
+                  note=f"peak at {other.peak.concurrency} clients, {other.peak.running} running")  # fmt: skip
+
+
+def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | None:
+    cluster = result.cluster
+    if cluster.intra.link.kind != "pcie":
+        return None
+    linked = build_cluster(
+        name=f"{cluster.name} with NVLink", gpu=cluster.gpu.name, nodes=cluster.nodes,
+        gpus_per_node=cluster.gpus_per_node, intra_node={"link": HYPOTHETICAL_LINK, "p2p": True},
+    )  # fmt: skip
+    best, best_name = 0.0, None
+    for score in ranking.scores[:REPREDICTED]:
+        c = score.candidate
+        predictor = Predictor(result.model, c.layout, linked, c.memory)
+        peak = max(p.output_tok_s for p in predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl))
+        if peak > best:
+            best, best_name = peak, c.name
+    return WhatIf(label=f"NVLink ({linked.intra.link.display_name}) instead of PCIe", setup=best_name,
+                  output_tok_s=best, gain=best / base,
+                  note=f"the best {REPREDICTED} setups re-predicted with the same GPUs linked by NVLink")  # fmt: skip
+
+
+def _speculative(result: SearchResult, winner: Candidate, base: float, accept: float | None) -> list[WhatIf]:
+    engine = get_engine(winner.engine)
+    kinds = []
+    if result.model.num_mtp_layers > 0:
+        kinds.append(("MTP", "mtp", None))
+    drafter = drafter_of(result.model_ref.lower(), "dflash")
+    if drafter is not None:
+        kinds.append(("DFlash", "dflash", drafter.repo))
+    out = []
+    for label, algorithm, draft in kinds:
+        options = engine.speculative_options(algorithm, draft_model=draft)
+        if not options:
+            continue
+        if accept is None:
+            out.append(WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None,
+                              note="give --accept-length (mean tokens kept per step) to price it"))  # fmt: skip
+            continue
+        out.append(_drafted(result, winner, engine, options, label, accept, base))
+    return [w for w in out if w is not None]
+
+
+def _drafted(result, winner: Candidate, engine, options: dict, label: str, accept: float, base: float) -> WhatIf | None:
+    setup = engine.setup({**winner.setup.given, **options}, model=result.model, cluster=result.cluster,
+                         version=engine.version(winner.setup.version))  # fmt: skip
+    if not setup.valid or setup.layout is None:
+        return WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None,
+                      note=f"the engine refuses it: {setup.rejections[0].reason}")  # fmt: skip
+    memory = memory_ledger(result.model, setup.layout, result.cluster)
+    if memory.max_concurrency(isl=result.isl, osl=result.osl) < 1:
+        return WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None,
+                      note="the drafter leaves no KV room for one request")  # fmt: skip
+    predictor = Predictor(result.model, setup.layout, result.cluster, memory, accept_length=accept)
+    sweep = predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl)
+    plain = winner.predictions
+    losing = next((p.concurrency for p, q in zip(sweep, plain, strict=True) if p.output_tok_s < q.output_tok_s),
+                  None)  # fmt: skip
+    best = max(p.output_tok_s for p in sweep)
+    one = sweep[0].output_tok_s / plain[0].output_tok_s
+    note = f"{accept:g} tokens kept per step: {one:.2f}× at {sweep[0].concurrency} client(s); " + (
+        f"stops paying at {losing} clients" if losing else "pays at every concurrency of the sweep"
+    )
+    return WhatIf(label=f"{label} drafting", setup=f"{winner.name} + {label}", output_tok_s=best, gain=best / base,
+                  note=note)  # fmt: skip
