@@ -14,6 +14,8 @@ from rich.text import Text
 
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.cost.memory import memory_ledger
+from shardwise.decide.rank import Objective
+from shardwise.decide.theory import theorise as run_theorise
 from shardwise.engines.base import engine_names, get_engine
 from shardwise.engines.check import check_command, model_reference, without_speculative
 from shardwise.engines.check import layouts as list_layouts
@@ -23,11 +25,13 @@ from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
 from shardwise.hardware.load import load_gpu
 from shardwise.measure.reference import check_row, load_rows, summarise
+from shardwise.report import files as report_files
 from shardwise.report import json as report_json
 from shardwise.report import predictions as report_predictions
 from shardwise.report import setups as report_setups
 from shardwise.report import simulation as report_simulation
 from shardwise.report import table as report_table
+from shardwise.report import theory as report_theory
 from shardwise.report import validation as report_validation
 from shardwise.serve.simulate import ServeResult
 from shardwise.serve.simulate import simulate as run_simulation
@@ -371,6 +375,68 @@ def _lengths(
         return Lengths.fixed(isl), Lengths.fixed(osl), ()
     draw_range = Lengths.vllm_random if engine == "vllm" else Lengths.sglang_random
     return draw_range(isl, ratio), draw_range(osl, ratio), ()
+
+
+@app.command()
+def theorise(
+    model: Annotated[str, typer.Option(help="Bundled name, config.json path or Hub id.")] = DEFAULT_MODEL,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    framework: Annotated[str, typer.Option(help="sglang, vllm or all.")] = "sglang",
+    engine_version: VersionOption = None,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    workload: Annotated[
+        str | None, typer.Option(help="A bundled length set instead of --isl/--osl (its means): sharegpt.")
+    ] = None,
+    concurrency: Annotated[
+        str, typer.Option(help="Clients to predict at, comma-separated (closed loop).")
+    ] = "1,2,4,8,16,32,64,128,256,512",
+    objective: Annotated[
+        str, typer.Option(help="max-throughput, max-throughput-under-slo (with --tpot-ms/--ttft-ms) or min-latency.")
+    ] = "max-throughput",
+    tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO: longest mean time per output token, ms.")] = None,
+    ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO: longest time to first token, ms.")] = None,
+    top: Annotated[int, typer.Option(min=1, help="Setups listed in the ranking.")] = 10,
+    accept_length: Annotated[
+        float | None, typer.Option(help="Price MTP / DFlash drafting at this mean of tokens kept per step.")
+    ] = None,
+    markdown: Annotated[Path | None, typer.Option(help="Also write the report as Markdown to this file.")] = None,
+    html: Annotated[Path | None, typer.Option(help="Also write a self-contained HTML page with charts.")] = None,
+    json: JsonFlag = False,
+) -> None:
+    """The best setup for this model on these GPUs and why: every setup that starts predicted and ranked, the
+    winner at each load, what bounds it, why the others lose, the ceiling, what-ifs, what is excluded, and the
+    commands. Defaults: the user's case (Kimi K2.6 on 8× RTX PRO 6000 over PCIe, SGLang, 1k in / 1k out)."""
+    try:
+        goal = Objective(objective)
+    except ValueError:
+        raise SpecError(
+            f"unknown objective {objective!r}; use max-throughput, max-throughput-under-slo or min-latency"
+        ) from None
+    engines = engine_names() if framework == "all" else [get_engine(framework).name]
+    if workload is not None:
+        inputs, outputs, _ = bundled_lengths(workload)
+        isl, osl = round(inputs.mean), round(outputs.mean)
+    levels = _int_list(concurrency, "--concurrency")
+    cluster_spec = load_cluster(gpus)
+    spec = load_model(model)
+    with report_simulation.progress_bar(1, label="predicting setups") as update:
+        theory = run_theorise(
+            spec, cluster_spec, model_ref=model, engines=engines, isl=isl, osl=osl, concurrency=levels,
+            objective=goal, tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
+            ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None, accept_length=accept_length,
+            version=engine_version, progress=lambda done, total: update("predicting setups", done / total),
+        )  # fmt: skip
+    if markdown is not None:
+        report_files.write_text(markdown, report_theory.theory_markdown(theory, top=top))
+    if html is not None:
+        from shardwise.report.html import theory_html  # imported here: matplotlib takes a while to import
+
+        report_files.write_text(html, theory_html(theory, top=top))
+    if json:
+        typer.echo(report_json.dumps(report_theory.theory_payload(theory, top=top)))
+    else:
+        report_table.print_renderable(report_theory.theory_view(theory, top=top))
 
 
 @app.command()

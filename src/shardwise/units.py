@@ -9,6 +9,7 @@ converts at that edge. Decimal prefixes are powers of 1000 (GB, TB/s), binary on
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Literal
 
 from shardwise.errors import DataError
@@ -62,7 +63,12 @@ def to_si(value: float, unit: str, *, dimension: Dimension) -> float:
 
 def parse_quantity(text: str, *, dimension: Dimension) -> float:
     """Parse "64 GB/s", "96 GiB", "25 us" or "1,024" into an SI float of the given dimension."""
-    match = _QUANTITY.match(str(text))
+    return _parse(str(text), dimension)
+
+
+@lru_cache(maxsize=4096)
+def _parse(text: str, dimension: Dimension) -> float:
+    match = _QUANTITY.match(text)
     if match is None:
         raise DataError(f"cannot read {text!r} as a quantity; write a number and a unit, e.g. '64 GB/s'")
     number = float(match.group(1).replace(",", "").replace("_", ""))

@@ -24,7 +24,7 @@ from shardwise.hardware.load import runtime
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.drafter import load_drafter
 from shardwise.spec.model import ModelSpec
-from shardwise.spec.weights import model_weights
+from shardwise.spec.weights import Weight, model_weights
 
 GiB = 2**30
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "mtp", "eagle", "eagle3")
@@ -77,20 +77,45 @@ class MemoryLedger(Frozen):
         return per_rank * self.ranks
 
 
+_PROFILES: dict[tuple[int, bool], tuple[ModelSpec, dict[tuple[str, str], tuple[Weight, list[float]]]]] = {}
+
+
+def _weight_profile(model: ModelSpec, *, mtp: bool) -> dict[tuple[str, str], tuple[Weight, list[float]]]:
+    """Bytes of each (component, role) by position: one slot per decoder layer, then one for what the first
+    stage holds (embeddings, vision tower) and one for what the last holds (lm_head, final norm, MTP layers).
+    Remembered per model: every layout splits the same tensors."""
+    held = _PROFILES.get((id(model), mtp))
+    if held is None or held[0] is not model:
+        if len(_PROFILES) >= 16:
+            _PROFILES.pop(next(iter(_PROFILES)))
+        weights = model_weights(model) + (model_weights(model, mtp=True) if mtp else [])
+        n = model.num_layers
+        profile: dict[tuple[str, str], tuple[Weight, list[float]]] = {}
+        for w in weights:
+            if w.layer is None or w.layer >= n:
+                slot = n if w.role in ("embedding", "vision") else n + 1
+            else:
+                slot = w.layer
+            entry = profile.setdefault((w.component, w.role), (w, [0.0] * (n + 2)))
+            entry[1][slot] += w.bytes
+        held = _PROFILES[(id(model), mtp)] = (model, profile)
+    return held[1]
+
+
 def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None) -> list[dict[str, float]]:
     """Bytes per component on one GPU of each stage."""
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
     stages: list[dict[str, float]] = [{} for _ in ranges]
-    weights = model_weights(model)
-    if layout.options.spec and layout.options.spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers:
-        weights += model_weights(model, mtp=True)  # the checkpoint's MTP layers are the draft
-    for w in weights:
-        if w.layer is None or w.layer >= model.num_layers:  # embeddings and vision tower first; head, MTP last
-            stage = 0 if w.role in ("embedding", "vision") else layout.pp - 1
-        else:
-            stage = next(i for i, r in enumerate(ranges) if w.layer in r)
-        per_gpu = w.bytes / weight_ways(w, layout, model)
-        stages[stage][w.component] = stages[stage].get(w.component, 0.0) + per_gpu
+    spec = layout.options.spec
+    mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers)  # the MTP layers are the draft
+    n = model.num_layers
+    for (component, _), (rep, slots) in _weight_profile(model, mtp=mtp).items():
+        ways = weight_ways(rep, layout, model)
+        for stage, r in enumerate(ranges):
+            share = sum(slots[r.start : r.stop]) + (slots[n] if stage == 0 else 0.0)
+            share += slots[n + 1] if stage == layout.pp - 1 else 0.0
+            if share:
+                stages[stage][component] = stages[stage].get(component, 0.0) + share / ways
     if drafter is not None:  # a separate draft checkpoint: its layers on every GPU of the stage, split by TP
         layers = sum(w.bytes / weight_ways(w, layout, drafter) for w in model_weights(drafter) if w.layer is not None)
         stages[-1]["draft model"] = layers

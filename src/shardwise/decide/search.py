@@ -12,8 +12,9 @@ KV room) or cannot hold one request of the workload; every setup that starts is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Any
 
 from shardwise.cost.memory import MemoryLedger, memory_ledger
@@ -89,16 +90,14 @@ class _Search:
         self.excluded: dict[str, Excluded] = {}
         self._seen: set[tuple[str, tuple[int, ...], str]] = set()
 
-    def engine(self, name: str, version: str | None) -> None:
+    def plan(self, name: str, version: str | None) -> list[tuple[Engine, dict[str, Any], Any, bool]]:
+        """What to consider for one engine: the hand-tried commands, then the engine's own enumeration."""
         engine = get_engine(name)
         v = engine.version(version)
-        hand = [dict(g) for g in engine.hand_tried(self.model, self.cluster)]
-        for given, tried in [(g, True) for g in hand] + [
-            (dict(g), False) for g in engine.candidates(self.model, self.cluster)
-        ]:
-            self._consider(engine, given, v, hand_tried=tried)
+        hand = [(engine, dict(g), v, True) for g in engine.hand_tried(self.model, self.cluster)]
+        return hand + [(engine, dict(g), v, False) for g in engine.candidates(self.model, self.cluster)]
 
-    def _consider(self, engine: Engine, given: dict[str, Any], version: Any, *, hand_tried: bool) -> None:
+    def consider(self, engine: Engine, given: dict[str, Any], version: Any, *, hand_tried: bool) -> None:
         setup = engine.setup(given, model=self.model, cluster=self.cluster, version=version)
         launch = self._launch(engine, setup)
         if not setup.valid or setup.layout is None:
@@ -121,9 +120,7 @@ class _Search:
         if not self._fits(engine.name, launch, layout, memory, hand_tried):
             return
         self._add(engine, setup, launch, memory, "")
-        for label, options in engine.option_variants:
-            if all(given.get(k) == v for k, v in options.items()):
-                continue
+        for label, options in _option_sets(engine, given):
             variant = engine.setup({**given, **options}, model=self.model, cluster=self.cluster, version=version)
             if variant.valid and variant.layout is not None:
                 v_memory = memory_ledger(self.model, variant.layout, self.cluster)
@@ -166,6 +163,17 @@ class _Search:
                                            reason=reason, engine_error=error, hand_tried=tried)  # fmt: skip
 
 
+def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every non-empty combination of the engine's option variants the command does not already set."""
+    fresh = [(label, opts) for label, opts in engine.option_variants
+             if not all(given.get(k) == v for k, v in opts.items())]  # fmt: skip
+    out = []
+    for size in range(1, len(fresh) + 1):
+        for combo in combinations(fresh, size):
+            out.append((", ".join(label for label, _ in combo), {k: v for _, opts in combo for k, v in opts.items()}))
+    return out
+
+
 def search(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -176,11 +184,16 @@ def search(
     osl: int,
     concurrency: Sequence[int],
     version: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
-    """Predict every setup of `engines` that serves `model` on `cluster`; list the others with their reasons."""
+    """Predict every setup of `engines` that serves `model` on `cluster`; list the others with their reasons.
+    `progress(done, total)` is called as setups are considered."""
     state = _Search(model, model_ref, cluster, isl=isl, osl=osl, concurrency=concurrency)
-    for name in engines:
-        state.engine(name, version if len(engines) == 1 else None)
+    plan = [item for name in engines for item in state.plan(name, version if len(engines) == 1 else None)]
+    for n, (engine, given, v, tried) in enumerate(plan, start=1):
+        state.consider(engine, given, v, hand_tried=tried)
+        if progress:
+            progress(n, len(plan))
     return SearchResult(
         model=model, model_ref=model_ref, cluster=cluster, isl=isl, osl=osl, concurrency=tuple(concurrency),
         candidates=tuple(state.candidates), excluded=tuple(state.excluded.values()), engines=tuple(engines),

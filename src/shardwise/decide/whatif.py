@@ -19,6 +19,7 @@ from shardwise.spec.cluster import build_cluster
 
 HYPOTHETICAL_LINK = "nvlink4"  # 900 GB/s per GPU: the NVLink of H100/H200 boxes
 REPREDICTED = 10  # best setups re-predicted on a changed cluster
+OPPOSITE = {"CUDA graphs off": "CUDA graphs on", "FP8 KV cache": "KV cache in the model's dtype"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,17 +49,14 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
 
 
 def _option(result: SearchResult, winner: Candidate, base: float, label: str) -> WhatIf | None:
-    """The winner's layout with one engine option toggled: the same layout with or without the variant."""
-    same = [c for c in result.candidates if c.engine == winner.engine and c.layout.structure() ==
-            winner.layout.structure()]  # fmt: skip
-    if winner.variant == label:
-        other = next((c for c in same if c.variant == ""), None)
-        name = f"without {label.replace(' off', '').lower()}" if "off" not in label else "CUDA graphs on"
-    else:
-        other = next((c for c in same if c.variant == label), None)
-        name = label
+    """The winner's layout and options with one option variant toggled."""
+    have = set(filter(None, winner.variant.split(", ")))
+    want = have ^ {label}
+    other = next((c for c in result.candidates if c.engine == winner.engine and c.layout.structure() ==
+                  winner.layout.structure() and set(filter(None, c.variant.split(", "))) == want), None)  # fmt: skip
     if other is None:
         return None
+    name = label if label not in have else OPPOSITE.get(label, f"without {label}")
     value = other.peak.output_tok_s
     return WhatIf(label=name, setup=other.name, output_tok_s=value, gain=value / base,
                   note=f"peak at {other.peak.concurrency} clients, {other.peak.running} running")  # fmt: skip

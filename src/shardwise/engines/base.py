@@ -110,6 +110,8 @@ class Engine(Protocol):
 
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]: ...
 
+    def benchmark_command(self, *, model_ref: str, isl: int, osl: int, concurrency: int, prompts: int) -> list[str]: ...
+
 
 _REGISTRY: dict[str, type] = {}
 

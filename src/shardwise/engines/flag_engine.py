@@ -48,6 +48,10 @@ class FlagEngine:
     def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> Iterable[dict[str, Any]]:
         raise NotImplementedError
 
+    def benchmark_command(self, *, model_ref: str, isl: int, osl: int, concurrency: int, prompts: int) -> list[str]:
+        """The engine's own load generator at this workload (closed loop at `concurrency`)."""
+        raise NotImplementedError
+
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on `algorithm` drafting ("mtp", "dflash"); {} where the engine has none."""
         return {}

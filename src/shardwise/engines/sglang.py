@@ -292,6 +292,12 @@ class SGLang(FlagEngine):
     def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         return _candidates(model, cluster)
 
+    def benchmark_command(self, *, model_ref: str, isl: int, osl: int, concurrency: int, prompts: int) -> list[str]:
+        """sglang.bench_serving at fixed lengths (range ratio 1: its default 0 draws lengths from 1 up)."""
+        return ["python", "-m", "sglang.bench_serving", "--backend", "sglang", "--dataset-name", "random",
+                "--random-input-len", str(isl), "--random-output-len", str(osl), "--random-range-ratio", "1",
+                "--num-prompts", str(prompts), "--max-concurrency", str(concurrency)]  # fmt: skip
+
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on MTP (the checkpoint's own layers, 3 steps) or DFlash drafting."""
         if algorithm == "dflash":
@@ -300,14 +306,12 @@ class SGLang(FlagEngine):
                 "speculative_num_draft_tokens": 4}  # fmt: skip
 
     def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
-        """--tp-size × --pp-size up to the GPUs, with every --ep-size up to the GPUs (MoE models)."""
+        """--tp-size with every --ep-size up to the GPUs (MoE models), and one pipeline stage per GPU."""
         n = cluster.num_gpus
         eps = divisors(n) if model.moe else [1]
-        out = []
-        for tp, pp, ep in product(divisors(n), divisors(n), eps):
-            if tp * pp <= n and pp <= model.num_layers:
-                given = {"tp_size": tp, "pp_size": pp, "ep_size": ep}
-                out.append({k: v for k, v in given.items() if v > 1 or k == "tp_size"})
+        out = [{"tp_size": tp, **({"ep_size": ep} if ep > 1 else {})} for tp, ep in product(divisors(n), eps)]
+        if 1 < n <= model.num_layers:
+            out.append({"tp_size": 1, "pp_size": n})
         return out
 
 

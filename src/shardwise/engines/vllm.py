@@ -180,6 +180,12 @@ class VLLM(FlagEngine):
     def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         return _hand_tried(model, cluster)
 
+    def benchmark_command(self, *, model_ref: str, isl: int, osl: int, concurrency: int, prompts: int) -> list[str]:
+        """vllm bench serve at fixed lengths (its random dataset's default range ratio is 0)."""
+        return ["vllm", "bench", "serve", "--model", model_ref, "--dataset-name", "random", "--random-input-len",
+                str(isl), "--random-output-len", str(osl), "--num-prompts", str(prompts), "--max-concurrency",
+                str(concurrency)]  # fmt: skip
+
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on MTP drafting (3 tokens); {} for drafting the rules here do not cover (DFlash)."""
         if algorithm == "dflash":
@@ -188,17 +194,13 @@ class VLLM(FlagEngine):
 
 
 def _hand_tried(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
-    """-tp × -pp up to the GPUs, with and without --enable-expert-parallel (MoE models)."""
+    """-tp up to the GPUs, with and without --enable-expert-parallel (MoE models), and one stage per GPU."""
     n = cluster.num_gpus
-    out = []
-    for tp, pp, ep in product(divisors(n), divisors(n), [False, True] if model.moe else [False]):
-        if tp * pp <= n and pp <= model.num_layers:
-            given: dict[str, Any] = {"tensor_parallel_size": tp}
-            if pp > 1:
-                given["pipeline_parallel_size"] = pp
-            if ep:
-                given["enable_expert_parallel"] = True
-            out.append(given)
+    out: list[dict[str, Any]] = []
+    for tp, ep in product(divisors(n), [False, True] if model.moe else [False]):
+        out.append({"tensor_parallel_size": tp, **({"enable_expert_parallel": True} if ep else {})})
+    if 1 < n <= model.num_layers:
+        out.append({"pipeline_parallel_size": n})
     return out
 
 

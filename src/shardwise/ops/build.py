@@ -50,6 +50,30 @@ def _dtype(w: Weight) -> str:
     return {4: "fp4", 8: "fp8"}.get(bits, "bf16")
 
 
+_REPRESENTATIVE: dict[int, tuple[ModelSpec, tuple[Weight, ...]]] = {}
+
+
+def _first_layers(model: ModelSpec) -> dict[tuple[str, str], int]:
+    """The first layer of each layer kind."""
+    first: dict[tuple[str, str], int] = {}
+    for layer in range(model.num_layers):
+        first.setdefault(_kind(model, layer), layer)
+    return first
+
+
+def _representative_weights(model: ModelSpec) -> tuple[Weight, ...]:
+    """The tensors a step model reads: those of the first layer of each kind, and lm_head / embeddings.
+    Remembered per model (every layout reads the same ones)."""
+    held = _REPRESENTATIVE.get(id(model))
+    if held is None or held[0] is not model:
+        if len(_REPRESENTATIVE) >= 16:
+            _REPRESENTATIVE.pop(next(iter(_REPRESENTATIVE)))
+        layers = set(_first_layers(model).values())
+        keep = tuple(w for w in model_weights(model) if w.layer in layers or w.role in ("lm_head", "embedding"))
+        held = _REPRESENTATIVE[id(model)] = (model, keep)
+    return held[1]
+
+
 def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
     return model.layer_attention[layer], model.layer_mlp[layer]
 
@@ -74,13 +98,11 @@ class StepModel:
     def _read_weights(self) -> tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], _Matrix]:
         """Per layer kind: its GEMM matrices on one GPU; its routed experts (bytes of ONE expert, one GPU's
         slice); and the lm_head bytes on one GPU."""
-        first = {}
-        for layer in range(self.model.num_layers):
-            first.setdefault(_kind(self.model, layer), layer)
+        first = _first_layers(self.model)
         by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
         experts: dict[tuple[str, str], _Matrix] = {}
         head = _Matrix("lm_head", 0.0, 0.0, "bf16")
-        for w in model_weights(self.model):
+        for w in _representative_weights(self.model):
             ways = weight_ways(w, self.layout, self.model)
             if w.role == "lm_head" or (w.role == "embedding" and self.model.tie_word_embeddings):
                 head = _Matrix("lm_head", w.params / ways, w.bytes / ways, _dtype(w))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -97,16 +98,26 @@ def _fmt(seconds: float, scale: float, digits: int) -> str:
 
 
 @contextmanager
-def progress_bar(total: int, *, label: str) -> Iterator[Callable[[str, int], None]]:
-    """A progress bar on stderr (only on a terminal); yields update(description, completed)."""
+def progress_bar(total: int, *, label: str, delay_s: float = 1.0) -> Iterator[Callable[[str, int], None]]:
+    """A progress bar on stderr that appears only on a terminal and only once the work has taken `delay_s`;
+    yields update(description, completed)."""
     console = Console(stderr=True)
-    with Progress(
+    progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=True, disable=not console.is_terminal,
-    ) as progress:  # fmt: skip
-        task = progress.add_task(label, total=total)
+    )  # fmt: skip
+    task = progress.add_task(label, total=total)
+    start, shown = time.monotonic(), False
 
-        def update(description: str, completed: int) -> None:
-            progress.update(task, description=description, completed=completed)
+    def update(description: str, completed: int) -> None:
+        nonlocal shown
+        if not shown and time.monotonic() - start > delay_s:
+            progress.start()
+            shown = True
+        progress.update(task, description=description, completed=completed)
 
+    try:
         yield update
+    finally:
+        if shown:
+            progress.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict
 
@@ -39,7 +40,7 @@ class Weight:
             size *= dim
         return size * self.count
 
-    @property
+    @cached_property
     def bytes(self) -> float:
         assert self.format is not None
         if len(self.shape) == 2:
@@ -314,10 +315,18 @@ def _mtp_weights(model: ModelSpec) -> list[Weight]:
     return weights
 
 
+_BLOCKS: dict[int, tuple[ModelSpec, dict[str, tuple[int, int]]]] = {}
+
+
 def block_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
     """Scale-block shape (rows, cols) of each role stored in a block-quantized format (FP8 128×128)."""
-    shapes: dict[str, tuple[int, int]] = {}
-    for w in model_weights(model):
-        if w.format is not None and w.format.block_shape is not None:
-            shapes.setdefault(w.role, w.format.block_shape)
-    return shapes
+    held = _BLOCKS.get(id(model))
+    if held is None or held[0] is not model:
+        if len(_BLOCKS) >= 16:
+            _BLOCKS.pop(next(iter(_BLOCKS)))
+        shapes: dict[str, tuple[int, int]] = {}
+        for w in model_weights(model):
+            if w.format is not None and w.format.block_shape is not None:
+                shapes.setdefault(w.role, w.format.block_shape)
+        held = _BLOCKS[id(model)] = (model, shapes)
+    return dict(held[1])

@@ -1,0 +1,133 @@
+"""The whole answer to "what is the best way to serve this model on these GPUs, and why": search, ranking,
+explanation, ceiling, what-ifs, the winner at each concurrency, and the commands to start and check it.
+When nothing fits, what would: how many such GPUs, or which smaller weight format.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shardwise.decide.ceiling import Ceiling, ceiling
+from shardwise.decide.explain import Explanation, explain
+from shardwise.decide.rank import (
+    Objective,
+    ParetoPoint,
+    Ranking,
+    Winner,
+    crossovers,
+    pareto,
+    rank,
+    winners_by_concurrency,
+)
+from shardwise.decide.search import Candidate, SearchResult, search
+from shardwise.decide.whatif import WhatIf, what_ifs
+from shardwise.engines.base import get_engine
+from shardwise.engines.check import model_reference
+from shardwise.hardware.load import runtime
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.model import ModelSpec
+from shardwise.spec.weights import weight_ledger
+
+PROMPTS_PER_CLIENT = 10  # benchmark requests per client: enough for the steady state to dominate the ramp
+
+
+@dataclass(frozen=True, kw_only=True)
+class Theory:
+    result: SearchResult
+    ranking: Ranking
+    explanation: Explanation | None
+    ceiling: Ceiling | None
+    what_ifs: tuple[WhatIf, ...]
+    winners: tuple[Winner, ...]
+    crossovers: tuple[tuple[Winner, Winner], ...]
+    frontier: tuple[ParetoPoint, ...]
+    verify: tuple[tuple[str, ...], ...]  # commands that check the winner
+    would_fit: tuple[str, ...]  # when nothing serves: what would
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.ranking.best.candidate if self.ranking.best else None
+
+
+def theorise(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    model_ref: str,
+    engines: Sequence[str],
+    isl: int,
+    osl: int,
+    concurrency: Sequence[int],
+    objective: Objective = Objective.MAX_THROUGHPUT,
+    tpot_s: float | None = None,
+    ttft_s: float | None = None,
+    accept_length: float | None = None,
+    version: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Theory:
+    result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl, concurrency=concurrency,
+                    version=version, progress=progress)  # fmt: skip
+    ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
+    winners = winners_by_concurrency(result.candidates)
+    return Theory(
+        result=result,
+        ranking=ranking,
+        explanation=explain(ranking),
+        ceiling=ceiling(model, cluster, isl=isl, osl=osl),
+        what_ifs=tuple(what_ifs(result, ranking, accept_length=accept_length)),
+        winners=tuple(winners),
+        crossovers=tuple(crossovers(winners)),
+        frontier=tuple(pareto(result.candidates)),
+        verify=_verify(ranking, model_ref, isl=isl, osl=osl),
+        would_fit=() if result.candidates else would_fit(model, cluster),
+    )
+
+
+def _verify(ranking: Ranking, model_ref: str, *, isl: int, osl: int) -> tuple[tuple[str, ...], ...]:
+    if ranking.best is None:
+        return ()
+    win = ranking.best
+    engine = get_engine(win.candidate.engine)
+    c = win.at.concurrency
+    bench = engine.benchmark_command(model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=c,
+                                     prompts=max(100, PROMPTS_PER_CLIENT * c))  # fmt: skip
+    return (
+        tuple(win.candidate.launch),
+        tuple(bench),
+        (
+            "shardwise",
+            "simulate",
+            "--concurrency",
+            str(c),
+            "--isl",
+            str(isl),
+            "--osl",
+            str(osl),
+            "--",
+            *win.candidate.launch,
+        ),
+    )
+
+
+def would_fit(model: ModelSpec, cluster: ClusterSpec) -> tuple[str, ...]:
+    """What would serve a model that no setup on `cluster` serves: more of these GPUs, or smaller weights."""
+    usable = cluster.gpu.memory_bytes - runtime().non_torch_multi_gpu.si("bytes")
+    weights = weight_ledger(model).total_bytes
+    gpus = 1 << max(0, math.ceil(math.log2(weights / (0.8 * usable))))  # weights in at most 80 % of each GPU
+    per_node = max(cluster.gpus_per_node, min(gpus, 8))
+    nodes = math.ceil(gpus / per_node)
+    spec = f"{nodes}x{per_node}x{cluster.gpu.name}" if nodes > 1 else f"{per_node}x{cluster.gpu.name}"
+    out = [
+        f"the weights are {weights / 1e9:,.0f} GB against {cluster.num_gpus} × {usable / 2**30:,.0f} GiB usable: "
+        f"about {gpus} {cluster.gpu.name} GPUs would hold them with room for a KV cache (try --gpus {spec})"
+    ]
+    for fmt in ("fp8", "int4"):
+        smaller = weight_ledger(model.with_overrides(weight_dtype=fmt)).total_bytes
+        if smaller < weights * 0.9:
+            share = smaller / (cluster.num_gpus * usable)
+            out.append(
+                f"in {fmt.upper()} the weights would be {smaller / 1e9:,.0f} GB, {share:.0%} of this cluster's memory"
+            )
+    return tuple(out)

@@ -1,0 +1,23 @@
+"""Writing reports to files: whole or not at all (a temporary file beside the target, then renamed)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from shardwise.errors import SpecError
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically; a path that cannot be written is one clear error."""
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as out:
+            out.write(text)
+            temp = Path(out.name)
+        os.replace(temp, path)
+    except OSError as exc:
+        raise SpecError(
+            f"cannot write {path}: {exc.strerror or exc}; give a path in a folder you can write to"
+        ) from exc

@@ -1,0 +1,332 @@
+"""The theory as people read it: a short narrative, the ranking, the winner at each load, why the others lose,
+the ceiling, the what-ifs, what is excluded and why, and the commands; as rich tables, JSON and Markdown.
+Every number comes from the Theory (decide/theory.py); nothing is recomputed here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from shardwise.decide.rank import Objective
+from shardwise.decide.search import Candidate
+from shardwise.decide.theory import Theory
+from shardwise.engines.flags import command_text
+from shardwise.report.predictions import PART_LABELS, prediction_payload
+
+PART_NAMES = {
+    "memory": "memory",
+    "compute": "compute",
+    "comm": "communication",
+    "launch": "kernel time",
+    "host": "host",
+    "pipeline": "pipeline wait",
+    "prefill": "prefill",
+    "draft": "drafting",
+}
+
+
+def headline(t: Theory) -> str:
+    r = t.result
+    engines = " and ".join(r.engines)
+    return (
+        f"{r.model.name} on {r.cluster.name} ({r.cluster.intra.link.display_name}), {engines}; "
+        f"{r.isl} in / {r.osl} out; objective {t.ranking.objective.value}"
+    )
+
+
+def narrative(t: Theory) -> list[str]:
+    """The answer in sentences, each carrying its numbers."""
+    r, win, ex = t.result, t.ranking.best, t.explanation
+    if win is None or ex is None:
+        if not r.candidates:
+            return [f"No setup of {r.model.name} serves on {r.cluster.name}.", *t.would_fit]
+        limit = _slo_text(t)
+        return [f"No setup meets {limit} at any concurrency of the sweep; relax the limit or add GPUs."]
+    c, p = win.candidate, win.at
+    one = min(c.predictions, key=lambda q: q.concurrency)
+    if t.ranking.objective is Objective.MIN_LATENCY:
+        lines = [f"Fastest for one user: {c.name}: {p.per_user_tok_s:,.1f} tok/s per user ({p.tpot_s * 1e3:.1f} ms "
+                 f"per output token) at {p.concurrency} client(s)."]  # fmt: skip
+    else:
+        lines = [
+            f"Best for {t.ranking.objective.value}: {c.name}: {p.output_tok_s:,.0f} output tok/s at {p.concurrency} "
+            f"clients ({p.output_tok_s / c.gpus:,.0f} per GPU, {p.per_user_tok_s:,.1f} per user); "
+            f"{one.output_tok_s:,.1f} tok/s at {one.concurrency} client."
+        ]
+    parts = ", ".join(f"{PART_NAMES.get(k, k)} {v * 1e3:.1f}" for k, v in sorted(ex.breakdown_s.items(),
+                      key=lambda kv: -kv[1]) if v > 0)  # fmt: skip
+    bound = "KV-cache capacity" if ex.bound == "kv_capacity" else PART_NAMES.get(ex.bound, ex.bound)
+    lines.append(
+        f"What bounds it: {bound}. It runs {p.running} requests at once (KV pool {c.memory.kv_tokens_total:,} "
+        f"tokens); each output token takes {p.tpot_s * 1e3:.1f} ms: {parts} ms. A decode step spends "
+        f"{ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
+    )
+    ties = t.ranking.ties()
+    if ties:
+        lines.append("Within 2 % (a tie at the model's accuracy): " + "; ".join(
+            f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + ".")  # fmt: skip
+    if t.ceiling:
+        ce = t.ceiling
+        lines.append(
+            f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s ({ce.batch:,} requests at once, every byte "
+            f"of memory for weights once and KV, {ce.bound}-bound, no communication or overheads); the winner "
+            f"reaches {win.value / ce.output_tok_s:.1%} of it."
+            if t.ranking.objective is not Objective.MIN_LATENCY
+            else f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s at full batch."
+        )
+    if t.crossovers:
+        lines.append("The best setup changes with load: " + "; ".join(
+            f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers) + ".")  # fmt: skip
+    return lines
+
+
+def _slo_text(t: Theory) -> str:
+    limits = []
+    if t.ranking.tpot_s is not None:
+        limits.append(f"TPOT ≤ {t.ranking.tpot_s * 1e3:g} ms")
+    if t.ranking.ttft_s is not None:
+        limits.append(f"TTFT ≤ {t.ranking.ttft_s * 1e3:g} ms")
+    return " and ".join(limits)
+
+
+def family_lines(t: Theory) -> list[str]:
+    if t.explanation is None:
+        return []
+    out = []
+    for f in t.explanation.families:
+        why = "; ".join(r.text for r in f.reasons) or "a tie within the model's accuracy"
+        out.append(f"{f.family}: best is {f.best.name}, {f.value:,.0f} ({f.ratio:.0%} of the winner): {why}")
+    return out
+
+
+def _excluded_rows(t: Theory) -> list[tuple[str, str, str]]:
+    rows = [(command_text(list(e.launch)), e.verdict, e.reason) for e in t.result.excluded if e.hand_tried]
+    return rows
+
+
+def _excluded_counts(t: Theory) -> str:
+    counts = Counter(e.verdict for e in t.result.excluded)
+    return ", ".join(f"{n} {verdict.replace('_', ' ')}" for verdict, n in counts.most_common())
+
+
+# --- rich -------------------------------------------------------------------------------------------------
+
+
+def theory_view(t: Theory, *, top: int) -> Group:
+    parts: list[Any] = [Text(headline(t), style="bold")]
+    parts += [Text("• " + line) for line in narrative(t)]
+    if t.ranking.scores:
+        parts.append(_ranked_table(t, top))
+        parts.append(_winners_table(t))
+    families = family_lines(t)
+    if families:
+        parts.append(Text("Why the others lose (each family's best, at the winner's concurrency):", style="bold"))
+        parts += [Text("• " + line) for line in families]
+    if t.what_ifs:
+        parts.append(_what_if_table(t))
+    parts.append(_excluded_table(t))
+    if t.verify:
+        parts.append(Text("Start it and check it:", style="bold"))
+        parts += [Text("  " + command_text(list(cmd))) for cmd in t.verify]
+    return Group(*parts)
+
+
+def _ranked_table(t: Theory, top: int) -> Table:
+    table = Table(title=f"top {min(top, len(t.ranking.scores))} of {len(t.ranking.scores)} setups that start")
+    for name in ("#", "setup", "tok/s", "at C", "/GPU", "/user", "C=1", "bound", "KV req"):
+        table.add_column(name, justify="left" if name in ("setup", "bound") else "right")
+    for n, s in enumerate(t.ranking.scores[:top], start=1):
+        c, p = s.candidate, s.at
+        one = min(c.predictions, key=lambda q: q.concurrency)
+        table.add_row(
+            str(n), c.name, f"{p.output_tok_s:,.0f}", str(p.concurrency), f"{p.output_tok_s / c.gpus:,.0f}",
+            f"{p.per_user_tok_s:,.1f}", f"{one.output_tok_s:,.1f}", p.bound.replace("kv_capacity", "KV"),
+            str(c.memory.max_concurrency(isl=t.result.isl, osl=t.result.osl)),
+        )  # fmt: skip
+    return table
+
+
+def _winners_table(t: Theory) -> Table:
+    table = Table(title="the best setup at each concurrency")
+    for name in ("C", "setup", "tok/s", "/user", "TPOT ms"):
+        table.add_column(name, justify="left" if name == "setup" else "right")
+    for w in t.winners:
+        p = w.prediction
+        table.add_row(str(w.concurrency), w.candidate.name, f"{p.output_tok_s:,.0f}", f"{p.per_user_tok_s:,.1f}",
+                      f"{p.tpot_s * 1e3:,.1f}")  # fmt: skip
+    return table
+
+
+def _what_if_table(t: Theory) -> Table:
+    table = Table(title="what would change it")
+    for name in ("what if", "tok/s", "gain", "how"):
+        table.add_column(name, justify="right" if name in ("tok/s", "gain") else "left")
+    for w in t.what_ifs:
+        value = "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}"
+        gain = "—" if w.gain is None else f"{w.gain:.2f}×"
+        table.add_row(w.label, value, gain, (w.setup + ": " if w.setup else "") + w.note)
+    return table
+
+
+def _excluded_table(t: Theory) -> Table:
+    table = Table(title=f"excluded: {_excluded_counts(t) or 'nothing'}; the commands tried by hand:")
+    for name in ("command", "verdict", "why"):
+        table.add_column(name)
+    for cmd, verdict, why in _excluded_rows(t):
+        table.add_row(_short(cmd), verdict, _brief(why))
+    return table
+
+
+def _brief(reason: str) -> str:
+    """The first clause of a reason (the JSON, Markdown and HTML reports keep it whole)."""
+    return reason.split("; ")[0]
+
+
+def _short(cmd: str) -> str:
+    """The command without its launcher and model: the flags that matter."""
+    words = cmd.split()
+    keep = [w for i, w in enumerate(words) if i >= 3 and w != "--trust-remote-code"]
+    if len(keep) >= 2 and keep[0] in ("--model-path", "--model"):
+        keep = keep[2:]
+    return " ".join(keep) or cmd
+
+
+# --- JSON -------------------------------------------------------------------------------------------------
+
+
+def _candidate_payload(c: Candidate, isl: int, osl: int) -> dict[str, Any]:
+    return {
+        "engine": c.engine,
+        "layout": c.layout.describe(),
+        "variant": c.variant or None,
+        "launch": list(c.launch),
+        "gpus": c.gpus,
+        "kv_tokens": c.memory.kv_tokens_total,
+        "max_concurrency": c.memory.max_concurrency(isl=isl, osl=osl),
+        "bound": c.peak.bound,
+        "predicted": [prediction_payload(p) for p in c.predictions],
+    }
+
+
+def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
+    r = t.result
+    scores = t.ranking.scores if top is None else t.ranking.scores[:top]
+    ranked = [
+        {"rank": n, "score": round(s.value, 3), "at_concurrency": s.at.concurrency, **_candidate_payload(s.candidate,
+                                                                                                        r.isl, r.osl)}
+        for n, s in enumerate(scores, start=1)
+    ]  # fmt: skip
+    ex = t.explanation
+    return {
+        "model": r.model.name,
+        "cluster": r.cluster.name,
+        "engines": list(r.engines),
+        "isl": r.isl,
+        "osl": r.osl,
+        "concurrency": list(r.concurrency),
+        "objective": t.ranking.objective.value,
+        "best": ranked[0] if ranked else None,
+        "narrative": narrative(t),
+        "ranked": ranked,
+        "why_others_lose": [
+            {
+                "family": f.family,
+                "best": f.best.name,
+                "score": round(f.value, 3),
+                "ratio": round(f.ratio, 4),
+                "reasons": [
+                    {"part": x.part, "extra_ms_per_token": round(x.extra_s * 1e3, 3), "text": x.text} for x in f.reasons
+                ],
+            }
+            for f in (ex.families if ex else ())
+        ],  # fmt: skip
+        "winner_bound": ex.bound if ex else None,
+        "winner_breakdown_ms": {k: round(v * 1e3, 3) for k, v in ex.breakdown_s.items()} if ex else None,
+        "ceiling": None
+        if t.ceiling is None
+        else {
+            "output_tok_s": round(t.ceiling.output_tok_s, 1),
+            "batch": t.ceiling.batch,
+            "bound": t.ceiling.bound,
+            "step_ms": round(t.ceiling.step_s * 1e3, 3),
+        },  # fmt: skip
+        "winners_by_concurrency": [
+            {
+                "concurrency": w.concurrency,
+                "setup": w.candidate.name,
+                "output_tok_s": round(w.prediction.output_tok_s, 2),
+            }
+            for w in t.winners
+        ],  # fmt: skip
+        "pareto": [
+            {
+                "setup": q.candidate.name,
+                "concurrency": q.prediction.concurrency,
+                "tok_s_per_gpu": round(q.tok_s_per_gpu, 2),
+                "per_user_tok_s": round(q.per_user_tok_s, 2),
+            }
+            for q in t.frontier
+        ],  # fmt: skip
+        "what_ifs": [
+            {"label": w.label, "setup": w.setup, "output_tok_s": w.output_tok_s, "gain": w.gain, "note": w.note}
+            for w in t.what_ifs
+        ],
+        "excluded": [
+            {
+                "launch": list(e.launch),
+                "layout": e.layout,
+                "verdict": e.verdict,
+                "reason": e.reason,
+                "engine_error": e.engine_error,
+                "hand_tried": e.hand_tried,
+            }
+            for e in r.excluded
+        ],  # fmt: skip
+        "verify": [list(cmd) for cmd in t.verify],
+        "would_fit": list(t.would_fit),
+    }
+
+
+# --- Markdown ---------------------------------------------------------------------------------------------
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def theory_markdown(t: Theory, *, top: int) -> str:
+    r = t.result
+    out = [f"# shardwise theory: {headline(t)}", "", *[f"- {line}" for line in narrative(t)], ""]
+    if t.ranking.scores:
+        out += ["## Ranking", "", _md_table(
+            ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
+            [[str(n), s.candidate.name, f"{s.at.output_tok_s:,.0f}", str(s.at.concurrency),
+              f"{s.at.output_tok_s / s.candidate.gpus:,.0f}", f"{s.at.per_user_tok_s:,.1f}", s.at.bound]
+             for n, s in enumerate(t.ranking.scores[:top], start=1)]), ""]  # fmt: skip
+        out += ["## The best setup at each concurrency", "", _md_table(
+            ["C", "setup", "tok/s", "tok/s per user"],
+            [[str(w.concurrency), w.candidate.name, f"{w.prediction.output_tok_s:,.0f}",
+              f"{w.prediction.per_user_tok_s:,.1f}"] for w in t.winners]), ""]  # fmt: skip
+    families = family_lines(t)
+    if families:
+        out += ["## Why the others lose", "", *[f"- {line}" for line in families], ""]
+    if t.what_ifs:
+        out += ["## What would change it", "", _md_table(
+            ["what if", "tok/s", "gain", "how"],
+            [[w.label, "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
+              "—" if w.gain is None else f"{w.gain:.2f}×", (w.setup + ": " if w.setup else "") + w.note]
+             for w in t.what_ifs]), ""]  # fmt: skip
+    out += [f"## Excluded ({_excluded_counts(t) or 'nothing'})", "", _md_table(
+        ["command", "verdict", "why"], [[f"`{_short(c)}`", v, w] for c, v, w in _excluded_rows(t)]), ""]  # fmt: skip
+    if t.verify:
+        out += ["## Start it and check it", "", "```sh", *[command_text(list(c)) for c in t.verify], "```", ""]
+    out.append(f"Parts of a token's time: {', '.join(f'{k} = {PART_NAMES[k]}' for k in PART_LABELS)}. "
+               f"{len(r.candidates)} setups predicted.")  # fmt: skip
+    return "\n".join(out) + "\n"
