@@ -284,3 +284,40 @@ def test_simulate_bad_input_is_one_line(args, message):
     result = shardwise("simulate", *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_theorise_json_names_the_best_and_the_excluded():
+    payload = run_json("theorise", "--concurrency", "1,64,512")
+    assert payload["model"] == "kimi-k2.6" and payload["cluster"] == "8xrtx-pro-6000"
+    best = payload["best"]
+    assert {"launch", "layout", "predicted", "bound"} <= set(best) and best["rank"] == 1
+    assert payload["ranked"][0] == best
+    reasons = {" ".join(e["launch"]): e for e in payload["excluded"]}
+    tp2_ep4 = next(e for cmd, e in reasons.items() if "--tp-size 2 --ep-size 4 " in cmd + " ")
+    assert tp2_ep4["verdict"] == "invalid" and "ZeroDivisionError" in tp2_ep4["engine_error"]
+
+
+def test_theorise_writes_markdown_and_html(tmp_path):
+    md, page = tmp_path / "theory.md", tmp_path / "theory.html"
+    result = runner.invoke(app, ["theorise", "--concurrency", "1,64", "--markdown", str(md), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+    assert "Best for max-throughput" in result.stdout
+    assert md.read_text().startswith("# shardwise theory: kimi-k2.6") and "## Excluded" in md.read_text()
+    assert page.read_text().count("<svg") == 3
+    assert oct(page.stat().st_mode & 0o777) != oct(0o600)  # an ordinary file, not a private temporary one
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--objective", "fastest"], "unknown objective"),
+        (["--objective", "max-throughput-under-slo"], "needs a limit"),
+        (["--framework", "tgi"], "unknown engine"),
+        (["--workload", "alpaca"], "unknown length set"),
+        (["--html", "/no/such/folder/x.html"], "cannot write"),
+    ],
+)
+def test_theorise_bad_input_is_one_line(args, message):
+    result = shardwise("theorise", "--concurrency", "1", *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr

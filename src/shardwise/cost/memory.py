@@ -209,7 +209,8 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
         cells = [c + kv_bytes_per_token(drafter, layout, range(drafter.num_layers)) for c in cells]
     page = opts.page_size or 1
-    tokens = min(int(kv // c) // page * page for c in cells) * layout.dcp if kv > 0 else 0
+    caching = [c for c in cells if c > 0]  # a stage of linear-attention layers only caches no tokens
+    tokens = min(int(kv // c) // page * page for c in caching) * layout.dcp if kv > 0 and caching else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
     per_gpu = _per_gpu(layout, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
     verdict, reason, error = _verdict(

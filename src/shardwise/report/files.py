@@ -16,6 +16,9 @@ def write_text(path: Path, text: str) -> None:
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as out:
             out.write(text)
             temp = Path(out.name)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp, 0o666 & ~umask)  # as an ordinary file would be, not the temporary file's 0600
         os.replace(temp, path)
     except OSError as exc:
         raise SpecError(

@@ -1,0 +1,107 @@
+"""theorise on the user's case, checked against the engine, the physics floor and its own definitions."""
+
+import pytest
+
+from shardwise.cost.memory import memory_ledger
+from shardwise.decide.ceiling import ceiling
+from shardwise.decide.rank import Objective, pareto, rank, winners_by_concurrency
+from shardwise.decide.theory import theorise, would_fit
+from shardwise.engines.check import check_command
+from shardwise.errors import SpecError
+from shardwise.spec.catalog import load_model
+from shardwise.spec.cluster import load_cluster
+from shardwise.spec.weights import weight_ledger
+
+CLIENTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+@pytest.fixture(scope="module")
+def user_case():
+    cluster = load_cluster("8xrtx-pro-6000")
+    model = load_model("kimi-k2.6")
+    return theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=1024, osl=1024,
+                    concurrency=CLIENTS)  # fmt: skip
+
+
+def test_the_winner_has_a_binding_constraint_and_a_command_that_starts(user_case):
+    best = user_case.best
+    assert best is not None and user_case.explanation is not None
+    assert user_case.explanation.bound in {"kv_capacity", "memory", "compute", "comm", "launch", "host", "prefill"}
+    checked = check_command(list(best.launch), cluster=user_case.result.cluster)
+    assert checked.setup.valid and checked.setup.gpus_used == 8
+    assert memory_ledger(checked.model, checked.setup.layout, user_case.result.cluster).verdict == "ok"
+    assert user_case.verify[0] == best.launch
+
+
+def test_the_ranking_is_the_best_peak(user_case):
+    peaks = [c.peak.output_tok_s for c in user_case.result.candidates]
+    assert user_case.ranking.best.value == max(peaks)
+    values = [s.value for s in user_case.ranking.scores]
+    assert values == sorted(values, reverse=True)
+
+
+def test_the_users_failed_setups_are_excluded_for_their_true_reasons(user_case):
+    by_flags = {" ".join(e.launch[5:]).replace(" --trust-remote-code", ""): e for e in user_case.result.excluded}
+    tp4_ep2 = by_flags["--tp-size 4 --ep-size 2"]
+    assert tp4_ep2.verdict == "oom" and tp4_ep2.hand_tried
+    assert "starts on 4 of the 8 GPUs" in tp4_ep2.reason and "140.7 GiB of weights" in tp4_ep2.reason
+    tp2_ep4 = by_flags["--tp-size 2 --ep-size 4"]
+    assert tp2_ep4.verdict == "invalid"
+    assert "moe_tp_size = tp 2 // ep 4 // moe_dp 1 = 0" in tp2_ep4.reason
+    assert "ZeroDivisionError" in (tp2_ep4.engine_error or "")
+
+
+def test_the_ceiling_is_above_every_prediction(user_case):
+    assert user_case.ceiling is not None
+    assert all(c.peak.output_tok_s < user_case.ceiling.output_tok_s for c in user_case.result.candidates)
+
+
+def test_ceiling_by_hand_for_a_dense_model():
+    """Llama-3.1-8B on one H100: at batch 1 a step reads every weight once plus one request's KV, at the
+    measured bandwidth; the ceiling is the best batch the memory allows, which is at least that."""
+    model, cluster = load_model("llama-3.1-8b"), load_cluster("1xh100")
+    ce = ceiling(model, cluster, isl=1024, osl=1024)
+    bandwidth = cluster.gpu.mem_bandwidth_measured_bytes_per_s or cluster.gpu.mem_bandwidth_bytes_per_s
+    one = (weight_ledger(model).total_bytes + 1536 * model.kv_bytes_per_token) / bandwidth
+    assert ce is not None and ce.output_tok_s >= 1 / one
+    assert ce.batch == ce.max_batch  # a dense model on one GPU stays memory-bound up to its KV limit
+    assert ce.output_tok_s == pytest.approx(ce.batch / ce.step_s)
+
+
+def test_winners_and_frontier_follow_their_definitions(user_case):
+    candidates = user_case.result.candidates
+    for n, w in enumerate(winners_by_concurrency(candidates)):
+        assert w.prediction.output_tok_s == max(c.predictions[n].output_tok_s for c in candidates)
+    front = pareto(candidates)
+    for q in front:  # nothing beats a frontier point on both axes
+        assert not any(
+            p.per_user_tok_s > q.per_user_tok_s and p.output_tok_s / c.gpus > q.tok_s_per_gpu
+            for c in candidates
+            for p in c.predictions
+        )
+
+
+def test_objectives(user_case):
+    candidates = user_case.result.candidates
+    fastest = rank(candidates, Objective.MIN_LATENCY)
+    assert fastest.best.value == max(c.predictions[0].per_user_tok_s for c in candidates)
+    slo = rank(candidates, Objective.UNDER_SLO, tpot_s=0.05)
+    assert slo.best.at.tpot_s <= 0.05
+    assert slo.best.value <= user_case.ranking.best.value
+    with pytest.raises(SpecError, match="needs a limit"):
+        rank(candidates, Objective.UNDER_SLO)
+
+
+def test_what_ifs_are_priced(user_case):
+    labels = {w.label: w for w in user_case.what_ifs}
+    nvlink = next(w for label, w in labels.items() if label.startswith("NVLink"))
+    assert nvlink.gain > 1  # removing the PCIe all-reduce cost can only help
+    assert any(label.startswith("twice the GPUs") for label in labels)
+    assert "DFlash drafting" in labels and labels["DFlash drafting"].gain is None  # needs --accept-length
+
+
+def test_when_nothing_fits_it_says_what_would():
+    model, cluster = load_model("kimi-k2.6"), load_cluster("1xh100")
+    t = theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=1024, osl=1024, concurrency=[1])
+    assert t.best is None and t.would_fit
+    assert "--gpus 2x8xh100-sxm" in would_fit(model, cluster)[0]
