@@ -154,6 +154,9 @@ def cluster(
 
 
 GpusOption = Annotated[str, typer.Option("--gpus", help="Cluster: 8xrtx-pro-6000, 2x8xh100, or a cluster YAML file.")]
+CommandModel = Annotated[
+    str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
+]
 AcceptLength = Annotated[
     float | None, typer.Option(help="Speculative decoding: mean tokens kept per step (the bonus token included).")
 ]
@@ -168,9 +171,7 @@ VersionOption = Annotated[
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def check(
     ctx: typer.Context,
-    model: Annotated[
-        str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
-    ] = None,
+    model: CommandModel = None,
     gpus: GpusOption = DEFAULT_CLUSTER,
     engine_version: VersionOption = None,
     isl: Annotated[
@@ -229,9 +230,7 @@ def check(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def simulate(
     ctx: typer.Context,
-    model: Annotated[
-        str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
-    ] = None,
+    model: CommandModel = None,
     gpus: GpusOption = DEFAULT_CLUSTER,
     engine_version: VersionOption = None,
     concurrency: Annotated[

@@ -44,9 +44,9 @@ class Explanation:
     families: tuple[FamilyVerdict, ...]
 
 
-def family(layout_candidate: Candidate) -> str:
+def family(candidate: Candidate) -> str:
     """The kinds of parallelism a layout combines: 'TP', 'TP+EP', 'PP', 'attention DP+EP', 'TP+EP+DCP', …"""
-    lay = layout_candidate.layout
+    lay = candidate.layout
     kinds = ["attention DP" if lay.attn_dp > 1 else ("TP" if lay.attn_tp > 1 else "")]
     kinds += [name for name, on in (("EP", lay.moe_ep > 1), ("PP", lay.pp > 1), ("DCP", lay.dcp > 1)) if on]
     kinds += ["replicas"] if lay.replicas > 1 else []

@@ -64,7 +64,10 @@ def rank(
     scores, unmet = [], []
     for c in candidates:
         score = _score(c, objective, tpot_s=tpot_s, ttft_s=ttft_s)
-        (scores.append(score) if score else unmet.append(c))
+        if score is None:
+            unmet.append(c)
+        else:
+            scores.append(score)
     scores.sort(key=lambda s: (-s.value, s.candidate.gpus, s.candidate.name))
     return Ranking(objective=objective, scores=tuple(scores), unmet=tuple(unmet), tpot_s=tpot_s, ttft_s=ttft_s)
 

@@ -81,7 +81,7 @@ def theorise(
         crossovers=tuple(crossovers(winners)),
         frontier=tuple(pareto(result.candidates)),
         verify=_verify(ranking, model_ref, isl=isl, osl=osl),
-        would_fit=() if result.candidates else would_fit(model, cluster),
+        would_fit=() if result.candidates else would_fit(model, cluster, isl=isl, osl=osl),
     )
 
 
@@ -111,21 +111,26 @@ def _verify(ranking: Ranking, model_ref: str, *, isl: int, osl: int) -> tuple[tu
     )
 
 
-def would_fit(model: ModelSpec, cluster: ClusterSpec) -> tuple[str, ...]:
-    """What would serve a model that no setup on `cluster` serves: more of these GPUs, or smaller weights."""
+def would_fit(model: ModelSpec, cluster: ClusterSpec, *, isl: int, osl: int) -> tuple[str, ...]:
+    """What would serve a model that no setup on `cluster` serves: more of these GPUs (the fewest, a power of
+    two, whose memory less the CUDA stack's measured minimum holds the weights and one request's KV cache; the
+    engines' own reserves then decide, so run theorise there), or smaller weights."""
     usable = cluster.gpu.memory_bytes - runtime().non_torch_multi_gpu.si("bytes")
     weights = weight_ledger(model).total_bytes
-    gpus = 1 << max(0, math.ceil(math.log2(weights / (0.8 * usable))))  # weights in at most 80 % of each GPU
+    need = weights + model.kv_bytes_per_token * (isl + osl)
+    gpus = 1 << max(0, math.ceil(math.log2(need / usable)))
+    if gpus <= cluster.num_gpus:  # the bytes fit; the engines' reserves for activations and graphs do not
+        gpus = 2 * cluster.num_gpus
     per_node = max(cluster.gpus_per_node, min(gpus, 8))
     nodes = math.ceil(gpus / per_node)
     spec = f"{nodes}x{per_node}x{cluster.gpu.name}" if nodes > 1 else f"{per_node}x{cluster.gpu.name}"
     out = [
         f"the weights are {weights / 1e9:,.0f} GB against {cluster.num_gpus} × {usable / 2**30:,.0f} GiB usable: "
-        f"about {gpus} {cluster.gpu.name} GPUs would hold them with room for a KV cache (try --gpus {spec})"
+        f"try {gpus} {cluster.gpu.name} GPUs (--gpus {spec})"
     ]
     for fmt in ("fp8", "int4"):
         smaller = weight_ledger(model.with_overrides(weight_dtype=fmt)).total_bytes
-        if smaller < weights * 0.9:
+        if smaller < weights * 0.9:  # only formats that shrink the checkpoint materially are worth naming
             share = smaller / (cluster.num_gpus * usable)
             out.append(
                 f"in {fmt.upper()} the weights would be {smaller / 1e9:,.0f} GB, {share:.0%} of this cluster's memory"

@@ -8,11 +8,12 @@ the GPU count); its gain is its best throughput over the winner's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.rank import Ranking
 from shardwise.decide.search import Candidate, SearchResult
-from shardwise.engines.base import get_engine
+from shardwise.engines.base import Engine, get_engine
 from shardwise.serve.steady import Predictor
 from shardwise.spec.catalog import drafter_of
 from shardwise.spec.cluster import build_cluster
@@ -103,7 +104,15 @@ def _speculative(result: SearchResult, winner: Candidate, base: float, accept: f
     return [w for w in out if w is not None]
 
 
-def _drafted(result, winner: Candidate, engine, options: dict, label: str, accept: float, base: float) -> WhatIf | None:
+def _drafted(
+    result: SearchResult,
+    winner: Candidate,
+    engine: Engine,
+    options: dict[str, Any],
+    label: str,
+    accept: float,
+    base: float,
+) -> WhatIf | None:
     setup = engine.setup({**winner.setup.given, **options}, model=result.model, cluster=result.cluster,
                          version=engine.version(winner.setup.version))  # fmt: skip
     if not setup.valid or setup.layout is None:
