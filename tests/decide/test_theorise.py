@@ -110,3 +110,11 @@ def test_when_nothing_fits_it_says_what_would():
     eight = theorise(model, load_cluster("8xh100"), model_ref="kimi-k2.6", engines=["sglang"], isl=1024, osl=1024,
                      concurrency=[1])  # fmt: skip
     assert eight.best is None and "--gpus 2x8xh100-sxm" in eight.would_fit[0]
+
+
+def test_a_request_too_long_for_every_pool_is_said_to_be_the_problem():
+    model, cluster = load_model("kimi-k2.6"), load_cluster("8xrtx-pro-6000")
+    t = theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=2_000_000, osl=1024,
+                 concurrency=[1])  # fmt: skip
+    assert t.best is None
+    assert "none holds one request of 2,000,000 + 1,024 tokens" in t.would_fit[0]

@@ -81,7 +81,7 @@ def theorise(
         crossovers=tuple(crossovers(winners)),
         frontier=tuple(pareto(result.candidates)),
         verify=_verify(ranking, model_ref, isl=isl, osl=osl),
-        would_fit=() if result.candidates else would_fit(model, cluster, isl=isl, osl=osl),
+        would_fit=() if result.candidates else _too_long(result) + would_fit(model, cluster, isl=isl, osl=osl),
     )
 
 
@@ -111,6 +111,17 @@ def _verify(ranking: Ranking, model_ref: str, *, isl: int, osl: int) -> tuple[tu
     )
 
 
+def _too_long(result: SearchResult) -> tuple[str, ...]:
+    """When setups start but none holds one request, the length is the problem, not the GPU count."""
+    n = sum(e.verdict == "too_long" for e in result.excluded)
+    if not n:
+        return ()
+    return (
+        f"{n} setups start, but none holds one request of {result.isl:,} + {result.osl:,} tokens in its KV pool: "
+        "shorten the requests, or give the pool more room (more GPUs, FP8 KV cache)",
+    )
+
+
 def would_fit(model: ModelSpec, cluster: ClusterSpec, *, isl: int, osl: int) -> tuple[str, ...]:
     """What would serve a model that no setup on `cluster` serves: more of these GPUs (the fewest, a power of
     two, whose memory less the CUDA stack's measured minimum holds the weights and one request's KV cache; the
@@ -125,8 +136,9 @@ def would_fit(model: ModelSpec, cluster: ClusterSpec, *, isl: int, osl: int) -> 
     nodes = math.ceil(gpus / per_node)
     spec = f"{nodes}x{per_node}x{cluster.gpu.name}" if nodes > 1 else f"{per_node}x{cluster.gpu.name}"
     out = [
-        f"the weights are {weights / 1e9:,.0f} GB against {cluster.num_gpus} × {usable / 2**30:,.0f} GiB usable: "
-        f"try {gpus} {cluster.gpu.name} GPUs (--gpus {spec})"
+        f"the weights ({weights / 1e9:,.0f} GB) and one request's KV cache ({(need - weights) / 1e9:,.1f} GB) "
+        f"against {cluster.num_gpus} × {usable / 2**30:,.0f} GiB usable: try {gpus} {cluster.gpu.name} GPUs "
+        f"(--gpus {spec})"
     ]
     for fmt in ("fp8", "int4"):
         smaller = weight_ledger(model.with_overrides(weight_dtype=fmt)).total_bytes
