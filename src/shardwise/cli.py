@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import sys
@@ -24,7 +25,9 @@ from shardwise.errors import ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
 from shardwise.hardware.load import load_gpu
+from shardwise.measure.bench import Target, run_level
 from shardwise.measure.reference import check_row, load_rows, summarise
+from shardwise.report import bench as report_bench
 from shardwise.report import files as report_files
 from shardwise.report import json as report_json
 from shardwise.report import predictions as report_predictions
@@ -436,6 +439,59 @@ def theorise(
         typer.echo(report_json.dumps(report_theory.theory_payload(theory, top=top)))
     else:
         report_table.print_renderable(report_theory.theory_view(theory, top=top))
+
+
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option(help="Base URL of an OpenAI-compatible server, e.g. http://localhost:30000.")],
+    model: Annotated[str | None, typer.Option(help="Model name to send (the server's default when omitted).")] = None,
+    concurrency: Annotated[
+        str | None, typer.Option(help="Clients of a closed loop, comma-separated: one level each.")
+    ] = None,
+    request_rate: Annotated[
+        str | None, typer.Option(help="Requests per second of an open loop, comma-separated: one level each.")
+    ] = None,
+    burstiness: Annotated[
+        float, typer.Option(min=0.01, help="Gamma shape of the gaps between requests; 1 is Poisson.")
+    ] = 1.0,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request (words of one token each).")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request (max_tokens, ignore_eos).")] = 1024,
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests per level.")] = 100,
+    chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
+    output: Annotated[Path, typer.Option(help="JSONL file each finished level is appended to, at once.")] = Path(
+        "shardwise-bench.jsonl"
+    ),
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds one request may take.")] = 600.0,
+    json: JsonFlag = False,
+) -> None:
+    """Measure a live server the way the engines' benchmark tools do: TTFT, TPOT, ITL, E2E and throughput per
+    load level; each level is appended to --output as soon as it finishes."""
+    levels = _int_list(concurrency, "--concurrency") if concurrency else []
+    rates = _rate_list(request_rate) if request_rate else []
+    if not levels and not rates:
+        raise SpecError("give --concurrency (closed loop, e.g. 1,8,64) or --request-rate (open loop, e.g. 2,8)")
+    if not url.startswith(("http://", "https://")):
+        raise SpecError(f"--url must start with http:// or https://, e.g. http://localhost:30000; got {url!r}")
+    target = Target(url=url, model=model, chat=chat, timeout_s=timeout)
+    loads = [(c, math.inf) for c in levels] + [(None, r) for r in rates]
+    records = []
+    with report_simulation.progress_bar(num_prompts * len(loads), label="benchmarking") as update:
+        for n, (c, rate) in enumerate(loads):
+            label = f"C={c}" if c else f"{rate:g} req/s"
+
+            def tick(k: int, done: int = n * num_prompts, text: str = label) -> None:
+                update(text, done + k)
+
+            level = asyncio.run(run_level(target, isl=isl, osl=osl, num_prompts=num_prompts, concurrency=c,
+                                          request_rate=rate, burstiness=burstiness, progress=tick))  # fmt: skip
+            record = report_bench.level_record(level, url=url, model=model)
+            report_bench.append_record(output, record)
+            records.append(record)
+    if json:
+        typer.echo(report_json.dumps(records))
+    else:
+        title = f"measured {url}, {isl} in / {osl} out, {num_prompts} requests per level (appended to {output})"
+        report_table.print_renderable(report_bench.levels_table(records, title=title))
 
 
 @app.command()

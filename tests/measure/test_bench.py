@@ -1,0 +1,77 @@
+"""bench against a real HTTP server on localhost that streams at known speeds."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+from fake_server import FakeServer, Speed
+
+from shardwise.errors import BenchError
+from shardwise.measure.bench import Target, run_level
+
+TTFT, TPOT = 1.0, 0.02  # a prefill of about a second, as under load
+
+
+@pytest.mark.parametrize("concurrency", [1, 32])
+def test_measures_the_configured_ttft_and_tpot(concurrency):
+    """The client sends requests one after another on its event loop (httpx: about a millisecond each), so 32
+    requests sent at once read up to ~30 ms late on TTFT; against a one-second TTFT that stays within 5 %."""
+    with FakeServer(Speed(ttft_s=TTFT, tpot_s=TPOT)) as server:
+        level = asyncio.run(run_level(Target(url=server.url, model="m"), isl=64, osl=24, num_prompts=max(4,
+                                      concurrency * 2), concurrency=concurrency))  # fmt: skip
+    assert level.failed == 0 and level.completed == level.num_prompts
+    assert level.ttft_s.mean == pytest.approx(TTFT, rel=0.05)
+    assert level.tpot_s.mean == pytest.approx(TPOT, rel=0.05)
+    assert level.itl_s.p50 == pytest.approx(TPOT, rel=0.05)
+    assert level.e2e_s.mean == pytest.approx(TTFT + 23 * TPOT, rel=0.05)
+    assert level.output_tokens == 24 * level.completed  # from the usage the server reports
+    # a closed loop of C clients: each client's requests run back to back
+    expected = level.num_prompts / concurrency * (TTFT + 23 * TPOT)
+    assert level.duration_s == pytest.approx(expected, rel=0.10)
+
+
+def test_the_chat_endpoint_too():
+    with FakeServer(Speed(ttft_s=0.05, tpot_s=0.01)) as server:
+        level = asyncio.run(run_level(Target(url=server.url, chat=True), isl=16, osl=10, num_prompts=4,
+                                      concurrency=2))  # fmt: skip
+    assert level.completed == 4 and level.tpot_s.mean == pytest.approx(0.01, rel=0.1)
+
+
+def test_dropped_streams_are_counted_and_the_rest_kept():
+    with FakeServer(Speed(ttft_s=0.02, tpot_s=0.005, drop_every=3, drop_after=4)) as server:
+        level = asyncio.run(run_level(Target(url=server.url), isl=16, osl=12, num_prompts=12, concurrency=4,
+                                      warmup=False))  # fmt: skip
+    assert level.failed == 4 and level.completed == 8  # every third stream of 12 is cut
+    assert level.errors == {"stream cut short": 4}
+    assert level.output_tokens == 8 * 12  # only what completed counts
+    assert level.tpot_s.mean == pytest.approx(0.005, rel=0.25)
+
+
+def test_an_unreachable_server_is_one_clear_error():
+    with pytest.raises(BenchError, match="does not serve a test request: cannot connect"):
+        asyncio.run(run_level(Target(url="http://127.0.0.1:9"), isl=4, osl=4, num_prompts=1, concurrency=1))
+
+
+def test_the_command_appends_each_level_as_it_finishes(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    out.write_text('{"earlier": true}\n')  # an earlier run stays
+    with FakeServer(Speed(ttft_s=0.05, tpot_s=0.005)) as server:
+        result = subprocess.run(
+            [sys.executable, "-m", "shardwise", "bench", "--url", server.url, "--concurrency", "1,4", "--isl", "16",
+             "--osl", "8", "--num-prompts", "8", "--output", str(out), "--json"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0] == {"earlier": True} and [r["max_concurrency"] for r in lines[1:]] == [1, 4]
+    assert all(r["completed"] == 8 and r["failed"] == 0 for r in lines[1:])
+    assert json.loads(result.stdout) == lines[1:]
+
+
+def test_the_command_refuses_a_bad_url_in_one_line():
+    for url, message in (("localhost:1", "must start with http://"), ("http://127.0.0.1:9", "cannot connect")):
+        result = subprocess.run([sys.executable, "-m", "shardwise", "bench", "--url", url, "--concurrency", "1"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
