@@ -26,7 +26,8 @@ from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
 from shardwise.hardware.load import load_gpu
 from shardwise.measure.bench import Target, run_level
-from shardwise.measure.reference import check_row, load_rows, summarise
+from shardwise.measure.importers import read_results
+from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
 from shardwise.report import bench as report_bench
 from shardwise.report import files as report_files
 from shardwise.report import json as report_json
@@ -495,14 +496,37 @@ def bench(
 
 
 @app.command()
-def validate(json: JsonFlag = False) -> None:
-    """Predict the bundled published measurements (CUDA graphs on) and report the error per metric."""
-    checked = [check_row(row) for row in load_rows()]
-    summary = summarise(checked)
-    if json:
-        typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary)))
+def validate(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Results of sglang.bench_serving, vllm bench serve or shardwise bench; default: the "
+            "bundled published measurements."
+        ),
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="Cluster the results were measured on, when they do not say.")
+    ] = None,
+    command: Annotated[
+        str | None, typer.Option(help="The launch command the results were measured with, when they do not say.")
+    ] = None,
+    model: CommandModel = None,
+    json: JsonFlag = False,
+) -> None:
+    """Predict measurements and report the error per metric and how often the predictions rank setups as the
+    measurements do."""
+    if files:
+        levels = [level for path in files for level in read_results(path)]
+        rows = rows_from_results(levels, command=command, gpus=gpus, model=model)
     else:
-        report_table.print_renderable(report_validation.validation_view(checked, summary))
+        rows = list(load_rows())
+    checked = [check_row(row) for row in rows]
+    summary = summarise(checked)
+    ranks = rank_agreement(checked)
+    if json:
+        typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary, ranks)))
+    else:
+        report_table.print_renderable(report_validation.validation_view(checked, summary, ranks))
 
 
 @app.command()

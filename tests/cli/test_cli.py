@@ -321,3 +321,32 @@ def test_theorise_bad_input_is_one_line(args, message):
     result = shardwise("theorise", "--concurrency", "1", *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_validate_a_results_file_with_its_launch_command(tmp_path):
+    record = {"tool": "shardwise bench", "max_concurrency": 1, "request_rate": None, "num_prompts": 4,
+              "completed": 4, "total_input_tokens": 4096, "total_output_tokens": 4096, "output_throughput": 65.3,
+              "mean_tpot_ms": 15.0, "mean_ttft_ms": 300.0}  # fmt: skip
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    command = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8 --disable-cuda-graph"
+    result = runner.invoke(app, ["validate", str(path), "--json", "--gpus", "8xrtx-pro-6000", "--command", command])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["predicted"]["output_tok_s"] == pytest.approx(65.4, abs=0.5)
+
+
+def test_check_prices_speculative_decoding_only_with_its_acceptance():
+    dflash = [
+        *KIMI_EP8,
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        "z-lab/Kimi-K2.6-DFlash",
+    ]
+    without = check_json("--concurrency", "1", "--", *dflash)
+    assert without["predicted"] is None and "needs its acceptance" in without["prediction_note"]
+    priced = check_json("--concurrency", "1", "--accept-length", "3", "--", *dflash)
+    (one,) = priced["predicted"]
+    assert one["breakdown"]["draft"] > 0  # the drafter's forward is part of every step
+    assert one["per_user_tok_s"] > 0

@@ -8,9 +8,9 @@ after the send; ITL = the gaps between content chunks; E2E = the last chunk afte
 (`--max-concurrency`) and/or an open loop at a request rate (gamma gaps, `burstiness` 1 = Poisson); its
 throughput counts completed requests over the level's wall time. Failures (HTTP errors, timeouts, streams cut
 short) are counted by kind and never mixed into the latencies; what completed is kept. Before timing, a
-short request and then one per client open the connections (kept alive) and warm the server. The client
-itself sends requests one at a time on its event loop, about a millisecond each, so when many are sent at
-the same instant the last ones read that much later on TTFT.
+short request and then one per client open the connections (kept alive) and warm the server. Each request in
+flight has its own connection. The client sends requests one at a time on its event loop, about a
+millisecond each, so when many are sent at the same instant the last ones read that much later on TTFT.
 """
 
 from __future__ import annotations
@@ -162,6 +162,28 @@ async def one_request(client: httpx.AsyncClient, target: Target, *, isl: int, os
     )
 
 
+class _Clients:
+    """One HTTP client per request in flight: httpx's shared connection pool queues concurrent streams behind
+    each other (tens of milliseconds at 32 at once); a client per stream keeps each on its own connection."""
+
+    def __init__(self) -> None:
+        self.free: list[httpx.AsyncClient] = []
+        self.all: list[httpx.AsyncClient] = []
+
+    def take(self) -> httpx.AsyncClient:
+        if self.free:
+            return self.free.pop()
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        self.all.append(client)
+        return client
+
+    def give(self, client: httpx.AsyncClient) -> None:
+        self.free.append(client)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.all))
+
+
 async def run_level(
     target: Target,
     *,
@@ -176,14 +198,19 @@ async def run_level(
     progress: Callable[[int], None] | None = None,
 ) -> LevelResult:
     """One level: `num_prompts` requests, at most `concurrency` in flight, sent at `request_rate`."""
-    width = concurrency or 64
-    limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
-    async with httpx.AsyncClient(limits=limits) as client:
+    clients = _Clients()
+    try:
         if warmup:  # one short request, then one per client at once: the server warms up, connections open
+            client = clients.take()
             first = await one_request(client, target, isl=isl, osl=min(osl, 8))
+            clients.give(client)
             if not first.ok:
                 raise BenchError(f"the server at {target.url} does not serve a test request: {first.error}")
-            await asyncio.gather(*(one_request(client, target, isl=8, osl=2) for _ in range(min(width, num_prompts))))
+            width = min(concurrency or num_prompts, num_prompts)
+            opened = [clients.take() for _ in range(width)]
+            await asyncio.gather(*(one_request(c, target, isl=8, osl=2) for c in opened))
+            for c in opened:
+                clients.give(c)
         gate = asyncio.Semaphore(concurrency) if concurrency else None
         rng = np.random.default_rng(seed)
         finished = 0
@@ -191,11 +218,15 @@ async def run_level(
         async def send(delay: float) -> Outcome:
             nonlocal finished
             await asyncio.sleep(delay)
-            if gate is None:
+            if gate is not None:
+                await gate.acquire()
+            client = clients.take()
+            try:
                 out = await one_request(client, target, isl=isl, osl=osl)
-            else:
-                async with gate:
-                    out = await one_request(client, target, isl=isl, osl=osl)
+            finally:
+                clients.give(client)
+                if gate is not None:
+                    gate.release()
             finished += 1
             if progress:
                 progress(finished)
@@ -209,6 +240,8 @@ async def run_level(
         start = time.perf_counter()
         outcomes = await asyncio.gather(*(send(float(d)) for d in delays))
         duration = time.perf_counter() - start
+    finally:
+        await clients.close()
     return summarise_level(outcomes, isl=isl, osl=osl, concurrency=concurrency, request_rate=request_rate,
                            duration_s=duration)  # fmt: skip
 

@@ -11,16 +11,22 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from importlib import resources
+from itertools import combinations
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
+from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
+from shardwise.measure.importers import MeasuredLevel
+from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steady import Prediction, predict
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
+from shardwise.spec.workload import Lengths, WorkloadSpec
 
 METRICS = ("output_tok_s", "tpot_ms")
 
@@ -33,7 +39,9 @@ class ReferenceRow(Frozen):
     command: str
     isl: int = Field(ge=1)
     osl: int = Field(ge=1)
-    concurrency: int = Field(ge=1)
+    concurrency: int | None = Field(None, ge=1, description="clients of a closed loop")
+    request_rate: float | None = Field(None, gt=0, description="requests per second of an open loop")
+    num_prompts: int | None = Field(None, ge=1, description="requests of an open-loop run")
     output_tok_s: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
@@ -42,6 +50,17 @@ class ReferenceRow(Frozen):
     @property
     def group(self) -> str:
         return "speculative" if self.accept_length else "plain"
+
+    @model_validator(mode="after")
+    def _load_given(self) -> ReferenceRow:
+        if self.concurrency is None and self.request_rate is None:
+            raise ValueError("a measurement needs its load: concurrency (closed loop) or request_rate (open loop)")
+        return self
+
+    @property
+    def workload(self) -> tuple:
+        """What two measurements must share to be compared with each other."""
+        return (self.model, self.gpus, self.isl, self.osl, self.concurrency, self.request_rate)
 
 
 class ReferenceFile(Frozen):
@@ -53,13 +72,16 @@ class ReferenceFile(Frozen):
 class Checked:
     row: ReferenceRow
     layout: str | None
-    predicted: Prediction | None
+    predicted: Prediction | None  # closed loop: the steady state
     problem: str | None  # why there is no prediction (the setup would not start, as the model sees it)
+    simulated: ServeResult | None = None  # open loop: the simulation at the row's rate
 
     def value(self, metric: str) -> float | None:
-        if self.predicted is None:
-            return None
-        return {"output_tok_s": self.predicted.output_tok_s, "tpot_ms": self.predicted.tpot_s * 1e3}[metric]
+        if self.predicted is not None:
+            return {"output_tok_s": self.predicted.output_tok_s, "tpot_ms": self.predicted.tpot_s * 1e3}[metric]
+        if self.simulated is not None:
+            return {"output_tok_s": self.simulated.output_tok_s, "tpot_ms": self.simulated.tpot_s.mean * 1e3}[metric]
+        return None
 
     def error(self, metric: str) -> float | None:
         """Signed relative error (predicted − measured) / measured."""
@@ -88,11 +110,49 @@ def check_row(row: ReferenceRow) -> Checked:
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
         return Checked(row=row, layout=layout.describe(), predicted=None, problem=memory.reason)
+    if row.concurrency is None:  # an open loop: simulate the run at its rate
+        steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length)
+        workload = WorkloadSpec(input=Lengths.fixed(row.isl), output=Lengths.fixed(row.osl),
+                                num_requests=row.num_prompts or 1000, request_rate=row.request_rate or 1.0)  # fmt: skip
+        return Checked(row=row, layout=layout.describe(), predicted=None, problem=None,
+                       simulated=simulate(steps, memory, workload))  # fmt: skip
     (predicted,) = predict(
         checked.model, layout, cluster, memory, concurrency=[row.concurrency], isl=row.isl, osl=row.osl,
         accept_length=row.accept_length,
     )  # fmt: skip
     return Checked(row=row, layout=layout.describe(), predicted=predicted, problem=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankAgreement:
+    groups: int  # workloads measured with two or more setups
+    pairs: int
+    concordant: int  # pairs the prediction orders as the measurement does
+
+    @property
+    def fraction(self) -> float:
+        return self.concordant / self.pairs if self.pairs else float("nan")
+
+
+def rank_agreement(checked: list[Checked]) -> RankAgreement:
+    """Within each workload measured on several setups: how many pairs of setups the predictions rank in the
+    measured order of output tok/s."""
+    groups: dict[tuple, list[Checked]] = {}
+    for c in checked:
+        if c.value("output_tok_s") is not None and c.row.output_tok_s is not None:
+            groups.setdefault(c.row.workload, []).append(c)
+    pairs = concordant = 0
+    used = 0
+    for rows in groups.values():
+        if len({r.row.command for r in rows}) < 2:
+            continue
+        used += 1
+        for a, b in combinations(rows, 2):
+            pairs += 1
+            measured = (a.row.output_tok_s or 0) - (b.row.output_tok_s or 0)
+            predicted = (a.value("output_tok_s") or 0) - (b.value("output_tok_s") or 0)
+            concordant += measured * predicted > 0
+    return RankAgreement(groups=used, pairs=pairs, concordant=concordant)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,3 +189,23 @@ def _summarise_group(group: str, checked: list[Checked]) -> list[ErrorSummary]:
                 )
             )
     return out
+
+
+def rows_from_results(levels: list[MeasuredLevel], *, command: str | None, gpus: str | None,
+                      model: str | None) -> list[ReferenceRow]:  # fmt: skip
+    """Measured levels as rows to predict; the launch command and GPUs come from the record or the caller."""
+    rows = []
+    for level in levels:
+        cmd, cluster = level.command or command, level.gpus or gpus
+        if not cmd or not cluster:
+            raise SpecError(
+                f"{level.source} does not record its launch command and GPUs: give them, e.g. shardwise validate "
+                "FILE --gpus 8xrtx-pro-6000 --command 'python -m sglang.launch_server --model-path … --tp 8'"
+            )
+        rows.append(ReferenceRow(
+            id=level.source, source=level.tool, model=model or level.model or "", gpus=cluster, command=cmd,
+            isl=level.isl, osl=level.osl, concurrency=level.concurrency,
+            request_rate=level.request_rate if level.concurrency is None else None,
+            num_prompts=level.num_prompts, output_tok_s=level.output_tok_s, tpot_ms=level.tpot_ms,
+        ))  # fmt: skip
+    return rows

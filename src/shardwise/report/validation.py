@@ -8,14 +8,21 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.measure.reference import Checked, ErrorSummary
+from shardwise.measure.reference import Checked, ErrorSummary, RankAgreement
 
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
-def validation_view(checked: list[Checked], summary: list[ErrorSummary]) -> Group:
+def _ranks_line(ranks: RankAgreement) -> str:
+    if not ranks.pairs:
+        return "rank agreement: no workload was measured on two setups"
+    return (f"rank agreement: {ranks.concordant} of {ranks.pairs} pairs of setups ({ranks.fraction:.0%}) ordered as "
+            f"measured, over {ranks.groups} workloads measured on two setups or more")  # fmt: skip
+
+
+def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement) -> Group:
     table = Table(title="published measurements (CUDA graphs on) against predictions; * = speculative decoding")
     for name in ("id", "model", "GPUs", "layout", "C", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err"):
         table.add_column(name, justify="left" if name in ("id", "model", "GPUs", "layout") else "right")
@@ -23,7 +30,7 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary]) -> Grou
         out_err, tpot_err = c.error("output_tok_s"), c.error("tpot_ms")
         table.add_row(
             c.row.id + ("*" if c.row.accept_length else ""), c.row.model, c.row.gpus, c.layout or c.problem or "",
-            str(c.row.concurrency),
+            str(c.row.concurrency) if c.row.concurrency else f"{c.row.request_rate:g}/s",
             _num(c.row.output_tok_s), _num(c.value("output_tok_s")),
             "—" if out_err is None else f"{out_err:+.0%}",
             _num(c.row.tpot_ms), _num(c.value("tpot_ms")), "—" if tpot_err is None else f"{tpot_err:+.0%}",
@@ -35,10 +42,10 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary]) -> Grou
         )
         for s in summary
     ]
-    return Group(table, *lines)
+    return Group(table, *lines, Text(_ranks_line(ranks)))
 
 
-def validation_payload(checked: list[Checked], summary: list[ErrorSummary]) -> dict[str, Any]:
+def validation_payload(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement) -> dict[str, Any]:
     return {
         "rows": [
             {
@@ -49,12 +56,14 @@ def validation_payload(checked: list[Checked], summary: list[ErrorSummary]) -> d
                 "layout": c.layout,
                 "problem": c.problem,
                 "concurrency": c.row.concurrency,
+                "request_rate": c.row.request_rate,
                 "accept_length": c.row.accept_length,
                 "measured": {m: getattr(c.row, m) for m in ("output_tok_s", "tpot_ms")},
                 "predicted": {m: c.value(m) for m in ("output_tok_s", "tpot_ms")},
             }
             for c in checked
         ],
+        "rank_agreement": {"groups": ranks.groups, "pairs": ranks.pairs, "concordant": ranks.concordant},
         "summary": [
             {
                 "group": s.group,
