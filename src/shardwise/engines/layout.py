@@ -46,6 +46,12 @@ class SchedulerPolicy(Frozen):
     reserve_ratio_min: float = Field(0.0, ge=0, le=1, description="the share it decays to while nothing is evicted")
     reserve_decay_steps: int = Field(1, ge=1, description="decode steps over which the share decays to its minimum")
     reserve_clip_tokens: int = Field(4096, ge=1, description="remaining output counted at most, per request")
+    reserve_retract_steps: int = Field(
+        0,
+        ge=0,
+        description="after an eviction the share restarts at (output so far + this many steps per request) "
+        "÷ the requests' output lengths",
+    )
     evict: Literal["fewest_output", "newest"] = Field(
         description="which running request goes back to the queue when the KV pool is full: the one with the "
         "fewest output tokens (SGLang retract_decode) or the last admitted (vLLM preemption); both recompute it"

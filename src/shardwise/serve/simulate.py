@@ -37,7 +37,6 @@ from shardwise.serve.steps import StepTimes
 from shardwise.spec.workload import WorkloadSpec
 
 RECHECK_STEPS = 32  # a queue held back by the decaying reserve is re-checked this often (SGLang checks every step)
-RETRACT_STEPS = 20  # SGLang resets its reserve ratio from this many further steps per request after a retraction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +77,6 @@ class ServeResult:
     steps: int  # engine steps simulated
     concurrency: int | None = None
     request_rate: float | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 @dataclass
@@ -297,7 +295,7 @@ class _Run:
             self.retractions += 1
             kept = rank.running
             if kept and self.sim.policy.reserve_ratio_start:
-                decoded = float(self.gen[kept].sum()) + RETRACT_STEPS * len(kept)
+                decoded = float(self.gen[kept].sum()) + self.sim.policy.reserve_retract_steps * len(kept)
                 self.ratio = min(1.0, decoded / float(self.osl[kept].sum()))
 
     def _victim(self, rank: _Rank) -> int:
