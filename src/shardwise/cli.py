@@ -22,10 +22,12 @@ from shardwise.engines.check import check_command, model_reference, without_spec
 from shardwise.engines.check import layouts as list_layouts
 from shardwise.engines.layout import Layout
 from shardwise.errors import ShardwiseError, SpecError
+from shardwise.hardware.calibration import CONSTANTS, calibration_yaml, load_calibration
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
 from shardwise.hardware.load import load_gpu
 from shardwise.measure.bench import Target, run_level
+from shardwise.measure.calibrate import calibrate as run_calibrate
 from shardwise.measure.importers import read_results
 from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
 from shardwise.report import bench as report_bench
@@ -158,6 +160,9 @@ def cluster(
 
 
 GpusOption = Annotated[str, typer.Option("--gpus", help="Cluster: 8xrtx-pro-6000, 2x8xh100, or a cluster YAML file.")]
+ProfileOption = Annotated[
+    Path | None, typer.Option("--profile", help="A calibration profile written by `shardwise calibrate`.")
+]
 CommandModel = Annotated[
     str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
 ]
@@ -187,6 +192,7 @@ def check(
     ] = "1,8,64",
     accept_length: AcceptLength = None,
     accept_rate: AcceptRate = None,
+    profile: ProfileOption = None,
     json: JsonFlag = False,
 ) -> None:
     """Will this launch command start, how, and how fast? Give the command after --. Exit 1 if it would not
@@ -196,7 +202,7 @@ def check(
             "give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
             "--model-path moonshotai/Kimi-K2.6 --tp 8"
         )
-    cluster_spec = load_cluster(gpus)
+    cluster_spec = _with_profile(load_cluster(gpus), profile)
     checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
     setup = checked.setup
     launch, memory = None, None
@@ -268,6 +274,7 @@ def simulate(
     accept_length: AcceptLength = None,
     accept_rate: AcceptRate = None,
     seed: Annotated[int, typer.Option(help="Seed of the random lengths and arrivals.")] = 0,
+    profile: ProfileOption = None,
     json: JsonFlag = False,
 ) -> None:
     """Simulate the engine a launch command starts under load: continuous batching, chunked prefill, KV admission
@@ -281,7 +288,7 @@ def simulate(
     rates = _rate_list(request_rate) if request_rate else []
     if not levels and not rates:
         raise SpecError("give --concurrency (closed loop, e.g. 1,16,64) or --request-rate (open loop, e.g. 2,8)")
-    cluster_spec = load_cluster(gpus)
+    cluster_spec = _with_profile(load_cluster(gpus), profile)
     checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
     setup = checked.setup
     if setup.layout is None or not setup.valid:
@@ -403,6 +410,7 @@ def theorise(
     accept_length: Annotated[
         float | None, typer.Option(help="Price MTP / DFlash drafting at this mean of tokens kept per step.")
     ] = None,
+    profile: ProfileOption = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the report as Markdown to this file.")] = None,
     html: Annotated[Path | None, typer.Option(help="Also write a self-contained HTML page with charts.")] = None,
     json: JsonFlag = False,
@@ -421,7 +429,7 @@ def theorise(
         inputs, outputs, _ = bundled_lengths(workload)
         isl, osl = round(inputs.mean), round(outputs.mean)
     levels = _int_list(concurrency, "--concurrency")
-    cluster_spec = load_cluster(gpus)
+    cluster_spec = _with_profile(load_cluster(gpus), profile)
     spec = load_model(model)
     with report_simulation.progress_bar(1, label="predicting setups") as update:
         theory = run_theorise(
@@ -527,6 +535,61 @@ def validate(
         typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary, ranks)))
     else:
         report_table.print_renderable(report_validation.validation_view(checked, summary, ranks))
+
+
+@app.command()
+def calibrate(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Results of sglang.bench_serving, vllm bench serve or shardwise bench; default: the "
+            "bundled measurements of --gpus (the user's runs on the default cluster)."
+        ),
+    ] = None,
+    constants: Annotated[
+        str, typer.Option(help="Constants to fit, comma-separated: " + ", ".join(CONSTANTS) + ".")
+    ] = "eager_kernel_cpu_s",
+    holdout: Annotated[
+        str | None, typer.Option(help="Measurement ids kept out of the fit, comma-separated, to check it on.")
+    ] = None,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    command: Annotated[
+        str | None, typer.Option(help="The launch command the results were measured with, when they do not say.")
+    ] = None,
+    output: Annotated[Path, typer.Option(help="Where to write the profile (YAML).")] = Path("shardwise-profile.yaml"),
+    json: JsonFlag = False,
+) -> None:
+    """Fit named physical constants to measurements of this machine and write a profile that theorise, check
+    and simulate take with --profile; report the error before and after, on held-out measurements too."""
+    if files:
+        levels = [level for path in files for level in read_results(path)]
+        rows = rows_from_results(levels, command=command, gpus=gpus, model=None)
+    else:
+        name = load_cluster(gpus).name
+        rows = [row for row in load_rows() if row.gpus == name and row.concurrency is not None]
+        if not rows:
+            raise SpecError(f"no bundled measurements on {name}; give results files of this machine")
+    names = [n.strip() for n in constants.split(",") if n.strip()]
+    held = [h.strip() for h in holdout.split(",")] if holdout else []
+    missing = set(held) - {row.id for row in rows}
+    if missing:
+        raise SpecError(f"--holdout names no measurement: {sorted(missing)}; ids: {', '.join(r.id for r in rows)}")
+    report = run_calibrate(rows, names=names, held_out=held)
+    report_files.write_text(output, calibration_yaml(report.calibration))
+    payload = {
+        **report.calibration.model_dump(mode="json"),
+        "fitted_error_before": report.fitted_error_before,
+        "fitted_error_after": report.fitted_error_after,
+        "profile": str(output),
+    }
+    if json:
+        typer.echo(report_json.dumps(payload))
+    else:
+        report_table.print_renderable(report_validation.calibration_view(payload))
+
+
+def _with_profile(cluster_spec: ClusterSpec, profile: Path | None) -> ClusterSpec:
+    return cluster_spec.calibrated(load_calibration(profile)) if profile else cluster_spec
 
 
 @app.command()

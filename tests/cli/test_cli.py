@@ -350,3 +350,30 @@ def test_check_prices_speculative_decoding_only_with_its_acceptance():
     (one,) = priced["predicted"]
     assert one["breakdown"]["draft"] > 0  # the drafter's forward is part of every step
     assert one["per_user_tok_s"] > 0
+
+
+def test_calibrate_writes_a_profile_that_the_other_commands_take(tmp_path):
+    profile = tmp_path / "box.yaml"
+    fitted = run_json("calibrate", "--constants", "scheduler_step_cpu_s", "--holdout", "user-TP8", "--output",
+                      str(profile))  # fmt: skip
+    assert fitted["fitted_on"] == ["user-PP8", "user-EP8"] and profile.exists()
+    pp8 = ["python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--pp-size", "8",
+           "--mem-fraction-static", "0.85", "--disable-cuda-graph"]  # fmt: skip
+    default = check_json("--concurrency", "1", "--", *pp8)["predicted"][0]["output_tok_s"]
+    calibrated = check_json("--concurrency", "1", "--profile", str(profile), "--", *pp8)["predicted"][0]
+    assert abs(calibrated["output_tok_s"] - 36.9) < abs(default - 36.9)  # the fitted run is now closer
+    assert run_json("theorise", "--concurrency", "1", "--profile", str(profile))["best"]
+
+
+def test_calibrate_and_profile_bad_input_is_one_line(tmp_path):
+    other = tmp_path / "h100.yaml"
+    other.write_text("gpu: h100-sxm\nconstants: {eager_kernel_cpu_s: 1.0e-5}\nfitted_on: [x]\n")
+    cases = [
+        (["calibrate", "--holdout", "nope"], "--holdout names no measurement"),
+        (["calibrate", "--constants", "fudge"], "unknown constants"),
+        (["theorise", "--concurrency", "1", "--profile", str(other)], "fitted on h100-sxm, not on"),
+    ]
+    for args, message in cases:
+        result = shardwise(*args, "--output", str(tmp_path / "p.yaml")) if args[0] == "calibrate" else shardwise(*args)
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr and "Traceback" not in result.stderr

@@ -31,7 +31,7 @@ class Rates:
 
 
 def rates(cluster: ClusterSpec) -> Rates:
-    gpu, oh = cluster.gpu, overheads()
+    gpu, oh, cal = cluster.gpu, overheads(), cluster.calibration
     measured = gpu.mem_bandwidth_measured_bytes_per_s
     flops = {}
     for dtype in ("bf16", "fp8", "fp4"):
@@ -41,10 +41,12 @@ def rates(cluster: ClusterSpec) -> Rates:
             flops[dtype] = rate
     for dtype in ("fp8", "fp4"):  # no tensor path for the dtype: the kernels upcast to BF16
         flops.setdefault(dtype, flops["bf16"])
+    bandwidth = measured or gpu.mem_bandwidth_bytes_per_s
+    kernel = oh.kernel_gpu.si("s")
     return Rates(
-        bandwidth_bytes_per_s=measured or gpu.mem_bandwidth_bytes_per_s,
+        bandwidth_bytes_per_s=cal.value("mem_bandwidth_bytes_per_s", bandwidth) if cal else bandwidth,
         flops_per_s=flops,
-        kernel_gpu_s=oh.kernel_gpu.si("s"),
+        kernel_gpu_s=cal.value("kernel_gpu_s", kernel) if cal else kernel,
     )
 
 
@@ -95,7 +97,8 @@ def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None =
         if cache is None:
             cache = {}
         cache[key] = one
-    total = cache[key] * op.count
+    extra = cluster.calibration.value("collective_call_s", 0.0) if cluster.calibration else 0.0
+    total = (cache[key] + extra) * op.count
     return OpCost(
         name=op.name, op_class=OpClass.COMM, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
         flops=0.0, bytes=op.size_bytes * op.count, compute_s=0.0, memory_s=0.0, comm_s=total, launch_s=0.0,

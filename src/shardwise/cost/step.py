@@ -77,10 +77,14 @@ class StepCostModel:
         layout: Layout = step_model.layout
         self.cluster: ClusterSpec = step_model.cluster
         self.rates = rates(self.cluster)
-        oh = overheads()
-        self._eager_s = oh.eager_kernel_cpu.si("s")
+        oh, cal = overheads(), self.cluster.calibration
+        eager, scheduler = oh.eager_kernel_cpu.si("s"), oh.scheduler_step_cpu.si("s")
+        if cal is not None:
+            eager = cal.value("eager_kernel_cpu_s", eager)
+            scheduler = cal.value("scheduler_step_cpu_s", scheduler)
+        self._eager_s = eager
         self._graph_s = oh.graph_launch_cpu.si("s")
-        self._scheduler_s = 0.0 if layout.options.overlap_schedule else oh.scheduler_step_cpu.si("s")
+        self._scheduler_s = 0.0 if layout.options.overlap_schedule else scheduler
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         self._comm_times: dict[tuple, float] = {}

@@ -76,3 +76,24 @@ def validation_payload(checked: list[Checked], summary: list[ErrorSummary], rank
             for s in summary
         ],
     }
+
+
+def calibration_view(payload: dict[str, Any]) -> Group:
+    """What a calibration fitted, and the error it leaves (root-mean-square of log predicted ÷ measured)."""
+    table = Table(title=f"calibrated on {payload['gpu']}: {', '.join(payload['fitted_on'])}")
+    table.add_column("constant")
+    table.add_column("value", justify="right")
+    for name, value in payload["constants"].items():
+        table.add_row(name, f"{value:.4g}")
+    lines = [Text(f"fitted measurements: error {payload['fitted_error_before']:.3f} before, "
+                  f"{payload['fitted_error_after']:.3f} after")]  # fmt: skip
+    if payload["held_out"]:
+        lines.append(Text(
+            f"held out ({', '.join(payload['held_out'])}): error {payload['held_out_error_before']:.3f} before, "
+            f"{payload['held_out_error_after']:.3f} after"
+        ))  # fmt: skip
+    if payload["at_bounds"]:
+        lines.append(Text(f"at the edge of their plausible range (the data pushes further; suspect the model or the "
+                          f"measurement): {', '.join(payload['at_bounds'])}"))  # fmt: skip
+    lines.append(Text(f"profile written to {payload['profile']}; use it with --profile"))
+    return Group(table, *lines)

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
+from shardwise.hardware.calibration import Calibration
 from shardwise.hardware.collectives import CollectiveTables
 from shardwise.hardware.load import collective_tables, load_gpu, load_link, read_yaml, validate
 from shardwise.hardware.profile import GpuProfile, LinkProfile
@@ -48,6 +49,16 @@ class ClusterSpec(Frozen):
     intra: IntraNode
     inter: InterNode | None = None
     collectives: CollectiveTables | None = Field(None, description="measured tables of a matching box")
+    calibration: Calibration | None = Field(None, description="constants fitted to this machine's measurements")
+
+    def calibrated(self, calibration: Calibration | None) -> ClusterSpec:
+        """The same cluster with `calibration` applied; a profile of another GPU is one clear error."""
+        if calibration is not None and calibration.gpu != self.gpu.name:
+            raise SpecError(
+                f"the calibration profile was fitted on {calibration.gpu}, not on {self.gpu.name}; "
+                "calibrate on this machine's measurements"
+            )
+        return self.model_copy(update={"calibration": calibration})
 
     @property
     def num_gpus(self) -> int:
