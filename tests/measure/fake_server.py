@@ -21,12 +21,14 @@ class Speed:
     tpot_s: float = 0.02
     drop_every: int = 0  # 0: never
     drop_after: int = 3
+    fail_every: int = 0  # every n-th request answers 500 (0: never)
+    stall_every: int = 0  # every n-th request stops sending after its first token and never ends (0: never)
 
 
 def app(speed: Speed):
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import StreamingResponse
+    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     served = count(1)
@@ -34,7 +36,7 @@ def app(speed: Speed):
     class Cut(Exception):
         """Raised inside the stream: uvicorn then closes the connection without ending the response."""
 
-    async def complete(request: Request) -> StreamingResponse:
+    async def complete(request: Request) -> StreamingResponse | JSONResponse:
         body = await request.json()
         arrived = time.perf_counter()
         chat = request.url.path.endswith("/chat/completions")
@@ -42,6 +44,9 @@ def app(speed: Speed):
         tokens = int(body.get("max_tokens", 16))
         prompt = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
         drop = speed.drop_every and index % speed.drop_every == 0
+        stall = speed.stall_every and index % speed.stall_every == 0
+        if speed.fail_every and index % speed.fail_every == 0:
+            return JSONResponse({"error": "overloaded"}, status_code=500)
 
         async def events():
             for n in range(tokens):
@@ -49,6 +54,8 @@ def app(speed: Speed):
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 if drop and n == speed.drop_after:
                     raise Cut
+                if stall and n == 1:
+                    await asyncio.sleep(3600)
                 piece = {"delta": {"content": "x"}} if chat else {"text": "x"}
                 yield f"data: {json.dumps({'choices': [{'index': 0, **piece}]})}\n\n"
             usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": tokens}

@@ -2,8 +2,10 @@
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from fake_server import FakeServer, Speed
@@ -75,3 +77,34 @@ def test_the_command_refuses_a_bad_url_in_one_line():
         result = subprocess.run([sys.executable, "-m", "shardwise", "bench", "--url", url, "--concurrency", "1"],
                                 capture_output=True, text=True, timeout=60)  # fmt: skip
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_server_errors_and_stalls_are_counted_not_hidden():
+    with FakeServer(Speed(ttft_s=0.02, tpot_s=0.005, fail_every=4, stall_every=5)) as server:
+        level = asyncio.run(run_level(Target(url=server.url, timeout_s=1.0), isl=16, osl=8, num_prompts=20,
+                                      concurrency=4, warmup=False))  # fmt: skip
+    # requests 1…20: every 4th answers 500 (5), every 5th stalls (4), and the 20th is both: a 500
+    assert level.errors == {"http 500": 5, "timeout": 3}
+    assert level.completed == 12 and level.failed == 8
+    assert level.output_tokens == 12 * 8
+
+
+def test_ctrl_c_keeps_every_finished_level(tmp_path):
+    """SIGINT in the middle of the second level: the first level is on disk, the command exits 130."""
+    out = tmp_path / "runs.jsonl"
+    with FakeServer(Speed(ttft_s=0.01, tpot_s=0.01)) as server:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "shardwise", "bench", "--url", server.url, "--concurrency", "2,1", "--isl", "8",
+             "--osl", "20", "--num-prompts", "4", "--output", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
+            time.sleep(0.05)
+        time.sleep(0.3)  # inside the second level (4 requests of about 0.2 s, one at a time)
+        bench.send_signal(signal.SIGINT)
+        _, err = bench.communicate(timeout=60)
+    assert bench.returncode == 130, err
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["max_concurrency"] == 2 and lines[0]["completed"] == 4
+    assert "Traceback" not in err

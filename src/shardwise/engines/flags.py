@@ -151,7 +151,10 @@ ENGINES = ("sglang", "vllm")
 
 def split_command(command: list[str] | str) -> tuple[str, dict[str, str], list[str]]:
     """(engine, environment assignments, the flags after the launcher) of a launch command."""
-    tokens = shlex.split(command) if isinstance(command, str) else list(command)
+    try:
+        tokens = shlex.split(command) if isinstance(command, str) else list(command)
+    except ValueError as exc:  # an unclosed quote
+        raise SpecError(f"cannot read the launch command ({exc}); close its quotes, e.g. 'a b' or \"a b\"") from exc
     env: dict[str, str] = {}
     while tokens and "=" in tokens[0] and not tokens[0].startswith("-"):
         key, _, value = tokens.pop(0).partition("=")

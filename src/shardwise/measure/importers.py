@@ -56,13 +56,22 @@ def read_results(path: Path) -> list[MeasuredLevel]:
                     raise SpecError(
                         f"{path} line {n} is not JSON ({exc.msg}); expected a benchmark tool's results"
                     ) from None
-    levels = [_level(rec, f"{path}:{n}") for n, rec in records if isinstance(rec, dict) and _tool(rec)]
+    levels = [_read_level(rec, f"{path}:{n}") for n, rec in records if isinstance(rec, dict) and _tool(rec)]
     if not levels:
         raise SpecError(
             f"{path} holds no results of a known tool; expected the output of python -m sglang.bench_serving "
             "--output-file, vllm bench serve --save-result or shardwise bench"
         )
     return levels
+
+
+def _read_level(rec: dict[str, Any], source: str) -> MeasuredLevel:
+    try:
+        return _level(rec, source)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise SpecError(
+            f"{source}: a field has the wrong type or value ({exc}); is this a benchmark tool's output?"
+        ) from exc
 
 
 def _tool(rec: dict[str, Any]) -> str | None:

@@ -86,10 +86,37 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+OBJECT_FIELDS = ("text_config", "vision_config", "quantization_config", "rope_scaling")
+
+
+def _check_shapes(config: dict[str, Any], name: str) -> None:
+    """The fields every reader below relies on have the JSON types a Hugging Face config gives them."""
+    for key in OBJECT_FIELDS:
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise SpecError(f"{name}: config.json field {key} must be an object, not {type(config[key]).__name__}")
+    arch = config.get("architectures")
+    if arch is not None and not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        raise SpecError(f'{name}: config.json field architectures must be a list of names, e.g. ["LlamaForCausalLM"]')
+
+
 def model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
-    """Normalise a parsed config.json (a dict) into a ModelSpec named `name`."""
+    """Normalise a parsed config.json (a dict) into a ModelSpec named `name`; a config whose fields have the
+    wrong types is one SpecError, whichever field it is."""
     if not isinstance(config, dict):
         raise SpecError(f"{name}: config.json must hold a JSON object, not {type(config).__name__}")
+    _check_shapes(config, name)
+    if isinstance(config.get("text_config"), dict):
+        _check_shapes(config["text_config"], name)
+    try:
+        return _model_from_config(config, name=name)
+    except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as exc:
+        raise SpecError(
+            f"{name}: config.json has a field of the wrong type or value ({type(exc).__name__}: {exc}); "
+            "expected a Hugging Face decoder config"
+        ) from exc
+
+
+def _model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     outer_arch = (config.get("architectures") or ["?"])[0]
     text = config.get("text_config") or config
     arch = (text.get("architectures") or [outer_arch])[0] if "text_config" in config else outer_arch
