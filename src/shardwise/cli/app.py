@@ -1,0 +1,144 @@
+"""The command-line app, its shared options and helpers, and the entry point that turns every user error into
+one line on stderr."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from shardwise.engines.layout import Layout
+from shardwise.errors import ShardwiseError, SpecError
+from shardwise.hardware.calibration import load_calibration
+from shardwise.serve.speculative import accept_length_from_rate, spec_plan
+from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.drafter import drafter_block
+from shardwise.spec.workload import Lengths, bundled_lengths, read_pairs
+
+app = typer.Typer(
+    help="What is the best way to serve this LLM on these GPUs, and why.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (SI units) instead of tables.")]
+_state = {"debug": False}
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")] = False) -> None:
+    _state["debug"] = debug
+
+
+def int_list(text: str, option: str) -> list[int]:
+    """'1,8,64' → [1, 8, 64]; anything else is one clear error."""
+    try:
+        values = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SpecError(f"{option} takes positive whole numbers separated by commas, e.g. 1,8,64; got {text!r}")
+    return values
+
+
+GpusOption = Annotated[str, typer.Option("--gpus", help="Cluster: 8xrtx-pro-6000, 2x8xh100, or a cluster YAML file.")]
+ProfileOption = Annotated[
+    Path | None, typer.Option("--profile", help="A calibration profile written by `shardwise calibrate`.")
+]
+BurstinessOption = Annotated[
+    float, typer.Option(min=0.01, help="Gamma shape of the gaps between requests; 1 is Poisson.")
+]
+CommandModel = Annotated[
+    str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
+]
+AcceptLength = Annotated[
+    float | None, typer.Option(help="Speculative decoding: mean tokens kept per step (the bonus token included).")
+]
+AcceptRate = Annotated[
+    float | None, typer.Option(help="Speculative decoding: chance each drafted token is accepted (0 to 1).")
+]
+VersionOption = Annotated[
+    str | None, typer.Option("--engine-version", help="Engine release; default: the latest known.")
+]
+
+
+def loads_of(concurrency: str | None, request_rate: str | None) -> list[tuple[int | None, float]]:
+    """(clients, requests per second) of each level: closed loops first, then open ones."""
+    levels = int_list(concurrency, "--concurrency") if concurrency else []
+    rates = rate_list(request_rate) if request_rate else []
+    if not levels and not rates:
+        raise SpecError("give --concurrency (closed loop, e.g. 1,16,64) or --request-rate (open loop, e.g. 2,8)")
+    return [(c, math.inf) for c in levels] + [(None, r) for r in rates]
+
+
+def rate_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise SpecError(f"--request-rate takes positive numbers separated by commas, e.g. 2,8 or inf; got {text!r}")
+    return values
+
+
+def mean_accept_length(layout: Layout, length: float | None, rate: float | None) -> float | None:
+    """The mean accepted length from --accept-length or --accept-rate (None without speculative decoding)."""
+    if layout.options.spec is None:
+        if length is not None or rate is not None:
+            raise SpecError("--accept-length and --accept-rate need a launch command with speculative decoding")
+        return None
+    if length is not None and rate is not None:
+        raise SpecError("give --accept-length or --accept-rate, not both")
+    if rate is None:
+        return length
+    drafted = spec_plan(layout.options.spec, block_size=drafter_block(layout.options.spec.draft_model)).drafted
+    return accept_length_from_rate(rate, drafted)
+
+
+def lengths_of(
+    engine: str, name: str | None, *, isl: int, osl: int, ratio: float | None
+) -> tuple[Lengths, Lengths, tuple[tuple[int, int], ...]]:
+    """Input and output lengths: a bundled set, a JSONL file, or the engine benchmark's random ranges."""
+    if name is not None:
+        path = Path(name)
+        if path.suffix == ".jsonl" or path.is_file():
+            pairs = read_pairs(path)
+            return Lengths.fixed(pairs[0][0]), Lengths.fixed(pairs[0][1]), pairs
+        input_lengths, output_lengths, _ = bundled_lengths(name)
+        return input_lengths, output_lengths, ()
+    if ratio is None:
+        return Lengths.fixed(isl), Lengths.fixed(osl), ()
+    draw_range = Lengths.vllm_random if engine == "vllm" else Lengths.sglang_random
+    return draw_range(isl, ratio), draw_range(osl, ratio), ()
+
+
+def with_profile(cluster_spec: ClusterSpec, profile: Path | None) -> ClusterSpec:
+    return cluster_spec.calibrated(load_calibration(profile)) if profile else cluster_spec
+
+
+def main() -> None:
+    """Console entry point: every user error becomes one line on stderr; exit 2 for bad input."""
+    try:
+        code = app(standalone_mode=False)  # returns the code of typer.Exit, None on success
+    except ShardwiseError as exc:
+        if _state["debug"]:
+            raise
+        _one_line(str(exc))
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise  # not a usage error of the command line: a bug, shown as one
+        _one_line(exc.format_message())  # bad option, bad value, missing argument
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(message: str) -> None:
+    Console(stderr=True).print(Text("error: ", style="red") + Text(" ".join(message.split())), soft_wrap=True)

@@ -1,0 +1,224 @@
+"""Commands that describe: models, GPUs, a model, a cluster, a launch command, the layouts of a model."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from shardwise.cli.app import (
+    AcceptLength,
+    AcceptRate,
+    CommandModel,
+    GpusOption,
+    JsonFlag,
+    ProfileOption,
+    VersionOption,
+    app,
+    int_list,
+    mean_accept_length,
+    with_profile,
+)
+from shardwise.cost.comm import CollectiveCost, collective_cost
+from shardwise.cost.memory import memory_ledger
+from shardwise.engines.base import engine_names, get_engine
+from shardwise.engines.check import check_command, model_reference
+from shardwise.engines.check import layouts as list_layouts
+from shardwise.errors import SpecError
+from shardwise.hardware.collectives import Collective
+from shardwise.hardware.load import gpus as all_gpus
+from shardwise.hardware.load import load_gpu
+from shardwise.report import json as report_json
+from shardwise.report import predictions as report_predictions
+from shardwise.report import setups as report_setups
+from shardwise.report import table as report_table
+from shardwise.serve.steady import predict
+from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
+from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
+from shardwise.spec.weights import weight_ledger
+from shardwise.units import parse_quantity
+
+
+@app.command()
+def models(json: JsonFlag = False) -> None:
+    """List the bundled models: sizes, active parameters, weights and KV-cache bytes per token."""
+    rows = []
+    for alias, entry in catalog().items():
+        model = load_model(alias)
+        rows.append((entry, model, weight_ledger(model)))
+    if json:
+        typer.echo(
+            report_json.dumps([report_json.model_payload(m, ledger, e) | {"components": None} for e, m, ledger in rows])
+        )
+    else:
+        report_table.print_renderable(report_table.models_table(rows))
+
+
+@app.command()
+def gpus(
+    name: Annotated[str | None, typer.Argument(help="One GPU by name or alias; all when omitted.")] = None,
+    json: JsonFlag = False,
+) -> None:
+    """List the GPU catalog: memory, bandwidth (spec and measured), dense tensor FLOP/s, links."""
+    chosen = [load_gpu(name)] if name else list(all_gpus().values())
+    if json:
+        typer.echo(report_json.dumps([report_json.gpu_payload(g) for g in chosen]))
+    else:
+        report_table.print_renderable(report_table.gpus_table(chosen))
+
+
+@app.command()
+def inspect(
+    model: Annotated[
+        str, typer.Argument(help="Bundled name, path to config.json (or its folder), or Hub id.")
+    ] = DEFAULT_MODEL,
+    weight_dtype: Annotated[
+        str | None,
+        typer.Option(help="What-if weight format: 'fp8', 'nvfp4', 'bf16', or per group 'experts=int4,attention=fp8'."),
+    ] = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="What-if KV-cache dtype: bf16, fp8.")] = None,
+    json: JsonFlag = False,
+) -> None:
+    """Parameters, bytes and format of every component of a model, and its KV-cache bytes per token."""
+    spec = load_model(model, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    ledger = weight_ledger(spec)
+    entry = catalog().get(model.lower())
+    if json:
+        typer.echo(report_json.dumps(report_json.model_payload(spec, ledger, entry)))
+    else:
+        report_table.print_renderable(report_table.inspect_view(spec, ledger, entry))
+
+
+def _cluster_costs(cluster: ClusterSpec, sizes: list[float]) -> list[CollectiveCost]:
+    groups = sorted({n for n in (2, 4, 8, cluster.gpus_per_node, cluster.num_gpus) if 2 <= n <= cluster.num_gpus})
+    costs = []
+    for op in (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.ALL_TO_ALL):
+        for n in groups:
+            costs.extend(collective_cost(cluster, op, size_bytes=s, gpus=n) for s in sizes)
+            custom = cluster.collectives and cluster.collectives.curve(op, n, "custom")
+            if custom:
+                costs.extend(collective_cost(cluster, op, size_bytes=s, gpus=n, impl="custom") for s in sizes)
+    return costs
+
+
+@app.command()
+def cluster(
+    spec: Annotated[
+        str, typer.Argument(help="Short form (8xrtx-pro-6000, 2x8xh100) or a cluster YAML file.")
+    ] = DEFAULT_CLUSTER,
+    sizes: Annotated[
+        str, typer.Option(help="Message sizes for the collective table, comma-separated.")
+    ] = "16 KiB,1 MiB,64 MiB",
+    json: JsonFlag = False,
+) -> None:
+    """Describe a cluster and what its collectives cost (measured where measured, α–β elsewhere)."""
+    parsed = load_cluster(spec)
+    size_bytes = [parse_quantity(s, dimension="bytes") for s in sizes.split(",") if s.strip()]
+    costs = _cluster_costs(parsed, size_bytes)
+    if json:
+        typer.echo(report_json.dumps(report_json.cluster_payload(parsed, costs)))
+    else:
+        report_table.print_renderable(report_table.cluster_view(parsed, costs, size_bytes))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def check(
+    ctx: typer.Context,
+    model: CommandModel = None,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    engine_version: VersionOption = None,
+    isl: Annotated[
+        int, typer.Option(min=1, help="Input tokens per request, for the concurrency the KV cache holds.")
+    ] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    concurrency: Annotated[
+        str, typer.Option(help="Clients to predict serving figures for, comma-separated (closed loop).")
+    ] = "1,8,64",
+    accept_length: AcceptLength = None,
+    accept_rate: AcceptRate = None,
+    profile: ProfileOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Will this launch command start, how, and how fast? Give the command after --. Exit 1 if it would not
+    start. With speculative decoding, predictions need its acceptance (--accept-length or --accept-rate)."""
+    if not ctx.args:
+        raise SpecError(
+            "give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
+            "--model-path moonshotai/Kimi-K2.6 --tp 8"
+        )
+    cluster_spec = with_profile(load_cluster(gpus), profile)
+    checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
+    setup = checked.setup
+    launch, memory = None, None
+    if setup.layout is not None:
+        launch = get_engine(setup.engine).launch_command(
+            setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
+        )
+        memory = memory_ledger(checked.model, setup.layout, cluster_spec)
+    levels = int_list(concurrency, "--concurrency")
+    predicted, note = None, None
+    if setup.layout is not None and memory is not None and report_setups.verdict(setup, memory) == "ok":
+        acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
+        if setup.layout.options.spec is not None and acceptance is None:
+            note = "no predictions: speculative decoding needs its acceptance (--accept-length or --accept-rate)"
+        else:
+            predicted = predict(
+                checked.model, setup.layout, cluster_spec, memory, concurrency=levels, isl=isl, osl=osl,
+                accept_length=acceptance,
+            )  # fmt: skip
+    if json:
+        payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
+        payload["predicted"] = report_predictions.predictions_payload(predicted) if predicted else None
+        payload["prediction_note"] = note
+        typer.echo(report_json.dumps(payload))
+    else:
+        report_table.print_renderable(report_setups.check_view(setup, checked.model, memory, isl=isl, osl=osl))
+        if predicted:
+            report_table.print_renderable(report_predictions.predictions_table(predicted, isl=isl, osl=osl))
+        if note:
+            report_table.print_renderable(note)
+    if report_setups.verdict(setup, memory) != "ok":
+        raise typer.Exit(1)
+
+
+@app.command()
+def layouts(
+    model: Annotated[str, typer.Option(help="Bundled name, config.json path or Hub id.")] = DEFAULT_MODEL,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    framework: Annotated[str, typer.Option(help="sglang, vllm or all.")] = "sglang",
+    engine_version: VersionOption = None,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request, for the concurrency that fits.")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    show_all: Annotated[bool, typer.Option("--all", help="Also list layouts that do not fit in memory.")] = False,
+    json: JsonFlag = False,
+) -> None:
+    """The layouts the engine accepts on all of the cluster's GPUs and that fit in memory, with KV capacity and
+    launch command (--all for those that do not fit too)."""
+    engines = engine_names() if framework == "all" else [framework]
+    cluster_spec = load_cluster(gpus)
+    spec = load_model(model)
+    payload = []
+    for name in engines:
+        found = list_layouts(model, cluster_spec, engine=name, version=None if framework == "all" else engine_version)
+        engine = get_engine(name)
+        rows = [
+            (
+                s,
+                engine.launch_command(s, model_ref=model_reference(model), remote_code=spec.remote_code),
+                memory_ledger(spec, s.layout, cluster_spec),
+            )
+            for s in found
+            if s.layout is not None
+        ]
+        shown = rows if show_all else [row for row in rows if row[2].verdict == "ok"]
+        if json:
+            payload += report_setups.layouts_payload(shown, spec, isl=isl, osl=osl)
+        else:
+            fitting = sum(memory.verdict == "ok" for _, _, memory in rows)
+            title = (
+                f"{len(rows)} {name} layouts of {model} on {cluster_spec.name} pass the engine's checks; {fitting} fit "
+                "in memory" + ("" if show_all else " (--all lists the others)")
+            )
+            report_table.print_renderable(report_setups.layouts_table(shown, title=title, isl=isl, osl=osl))
+    if json:
+        typer.echo(report_json.dumps(payload))

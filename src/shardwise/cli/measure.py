@@ -1,0 +1,156 @@
+"""Commands that measure and learn: bench a server, validate predictions, calibrate constants."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardwise.cli.app import BurstinessOption, CommandModel, GpusOption, JsonFlag, app, loads_of
+from shardwise.errors import SpecError
+from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
+from shardwise.measure.bench import Target, run_level
+from shardwise.measure.calibrate import calibrate as run_calibrate
+from shardwise.measure.importers import read_results
+from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
+from shardwise.report import bench as report_bench
+from shardwise.report import files as report_files
+from shardwise.report import json as report_json
+from shardwise.report import simulation as report_simulation
+from shardwise.report import table as report_table
+from shardwise.report import validation as report_validation
+from shardwise.spec.cluster import DEFAULT_CLUSTER, load_cluster
+
+
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option(help="Base URL of an OpenAI-compatible server, e.g. http://localhost:30000.")],
+    model: Annotated[str | None, typer.Option(help="Model name to send (the server's default when omitted).")] = None,
+    concurrency: Annotated[
+        str | None, typer.Option(help="Clients of a closed loop, comma-separated: one level each.")
+    ] = None,
+    request_rate: Annotated[
+        str | None, typer.Option(help="Requests per second of an open loop, comma-separated: one level each.")
+    ] = None,
+    burstiness: BurstinessOption = 1.0,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request (words of one token each).")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request (max_tokens, ignore_eos).")] = 1024,
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests per level.")] = 100,
+    chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
+    output: Annotated[Path, typer.Option(help="JSONL file each finished level is appended to, at once.")] = Path(
+        "shardwise-bench.jsonl"
+    ),
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds one request may take.")] = 600.0,
+    json: JsonFlag = False,
+) -> None:
+    """Measure a live server the way the engines' benchmark tools do: TTFT, TPOT, ITL, E2E and throughput per
+    load level; each level is appended to --output as soon as it finishes."""
+    loads = loads_of(concurrency, request_rate)
+    if not url.startswith(("http://", "https://")):
+        raise SpecError(f"--url must start with http:// or https://, e.g. http://localhost:30000; got {url!r}")
+    target = Target(url=url, model=model, chat=chat, timeout_s=timeout)
+    records = []
+    with report_simulation.progress_bar(num_prompts * len(loads), label="benchmarking") as update:
+        for n, (c, rate) in enumerate(loads):
+            label = f"C={c}" if c else f"{rate:g} req/s"
+
+            def tick(k: int, done: int = n * num_prompts, text: str = label) -> None:
+                update(text, done + k)
+
+            level = asyncio.run(run_level(target, isl=isl, osl=osl, num_prompts=num_prompts, concurrency=c,
+                                          request_rate=rate, burstiness=burstiness, progress=tick))  # fmt: skip
+            record = report_bench.level_record(level, url=url, model=model)
+            report_bench.append_record(output, record)
+            records.append(record)
+    if json:
+        typer.echo(report_json.dumps(records))
+    else:
+        title = f"measured {url}, {isl} in / {osl} out, {num_prompts} requests per level (appended to {output})"
+        report_table.print_renderable(report_bench.levels_table(records, title=title))
+
+
+@app.command()
+def validate(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Results of sglang.bench_serving, vllm bench serve or shardwise bench; default: the "
+            "bundled published measurements."
+        ),
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="Cluster the results were measured on, when they do not say.")
+    ] = None,
+    command: Annotated[
+        str | None, typer.Option(help="The launch command the results were measured with, when they do not say.")
+    ] = None,
+    model: CommandModel = None,
+    json: JsonFlag = False,
+) -> None:
+    """Predict measurements and report the error per metric and how often the predictions rank setups as the
+    measurements do."""
+    if files:
+        levels = [level for path in files for level in read_results(path)]
+        rows = rows_from_results(levels, command=command, gpus=gpus, model=model)
+    else:
+        rows = list(load_rows())
+    checked = [check_row(row) for row in rows]
+    summary = summarise(checked)
+    ranks = rank_agreement(checked)
+    if json:
+        typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary, ranks)))
+    else:
+        report_table.print_renderable(report_validation.validation_view(checked, summary, ranks))
+
+
+@app.command()
+def calibrate(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Results of sglang.bench_serving, vllm bench serve or shardwise bench; default: the "
+            "bundled measurements of --gpus (the user's runs on the default cluster)."
+        ),
+    ] = None,
+    constants: Annotated[
+        str, typer.Option(help="Constants to fit, comma-separated: " + ", ".join(CONSTANTS) + ".")
+    ] = "eager_kernel_cpu_s",
+    holdout: Annotated[
+        str | None, typer.Option(help="Measurement ids kept out of the fit, comma-separated, to check it on.")
+    ] = None,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    command: Annotated[
+        str | None, typer.Option(help="The launch command the results were measured with, when they do not say.")
+    ] = None,
+    output: Annotated[Path, typer.Option(help="Where to write the profile (YAML).")] = Path("shardwise-profile.yaml"),
+    json: JsonFlag = False,
+) -> None:
+    """Fit named physical constants to measurements of this machine and write a profile that theorise, check
+    and simulate take with --profile; report the error before and after, on held-out measurements too."""
+    if files:
+        levels = [level for path in files for level in read_results(path)]
+        rows = rows_from_results(levels, command=command, gpus=gpus, model=None)
+    else:
+        name = load_cluster(gpus).name
+        rows = [row for row in load_rows() if row.gpus == name and row.concurrency is not None]
+        if not rows:
+            raise SpecError(f"no bundled measurements on {name}; give results files of this machine")
+    names = [n.strip() for n in constants.split(",") if n.strip()]
+    held = [h.strip() for h in holdout.split(",")] if holdout else []
+    missing = set(held) - {row.id for row in rows}
+    if missing:
+        raise SpecError(f"--holdout names no measurement: {sorted(missing)}; ids: {', '.join(r.id for r in rows)}")
+    report = run_calibrate(rows, names=names, held_out=held)
+    report_files.write_text(output, calibration_yaml(report.calibration))
+    payload = {
+        **report.calibration.model_dump(mode="json"),
+        "fitted_error_before": report.fitted_error_before,
+        "fitted_error_after": report.fitted_error_after,
+        "profile": str(output),
+    }
+    if json:
+        typer.echo(report_json.dumps(payload))
+    else:
+        report_table.print_renderable(report_validation.calibration_view(payload))

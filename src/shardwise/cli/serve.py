@@ -1,0 +1,209 @@
+"""Commands that predict serving: simulate a launch command under load, theorise the best setup."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardwise.cli.app import (
+    AcceptLength,
+    AcceptRate,
+    BurstinessOption,
+    CommandModel,
+    GpusOption,
+    JsonFlag,
+    ProfileOption,
+    VersionOption,
+    app,
+    int_list,
+    lengths_of,
+    loads_of,
+    mean_accept_length,
+    with_profile,
+)
+from shardwise.cost.memory import memory_ledger
+from shardwise.decide.rank import Objective
+from shardwise.decide.theory import theorise as run_theorise
+from shardwise.engines.base import engine_names, get_engine
+from shardwise.engines.check import check_command, model_reference, without_speculative
+from shardwise.errors import SpecError
+from shardwise.report import files as report_files
+from shardwise.report import json as report_json
+from shardwise.report import simulation as report_simulation
+from shardwise.report import table as report_table
+from shardwise.report import theory as report_theory
+from shardwise.serve.simulate import ServeResult
+from shardwise.serve.simulate import simulate as run_simulation
+from shardwise.serve.steps import StepTimes
+from shardwise.spec.catalog import DEFAULT_MODEL, load_model
+from shardwise.spec.cluster import DEFAULT_CLUSTER, load_cluster
+from shardwise.spec.workload import WorkloadSpec, bundled_lengths
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def simulate(
+    ctx: typer.Context,
+    model: CommandModel = None,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    engine_version: VersionOption = None,
+    concurrency: Annotated[
+        str | None, typer.Option(help="Clients of a closed loop, comma-separated: one run each (--max-concurrency).")
+    ] = None,
+    request_rate: Annotated[
+        str | None, typer.Option(help="Requests per second of an open loop, comma-separated: one run each.")
+    ] = None,
+    burstiness: BurstinessOption = 1.0,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    range_ratio: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Random lengths, as the engine's benchmark tool draws them with "
+            "--random-range-ratio (SGLang: [ratio × len, len]; vLLM: len × [1 − ratio, 1 + ratio]); default: fixed.",
+        ),
+    ] = None,
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            help="Request lengths instead of --isl/--osl: 'sharegpt', or a JSONL file of "
+            "{input_tokens, output_tokens} per line."
+        ),
+    ] = None,
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests per run.")] = 1000,
+    accept_length: AcceptLength = None,
+    accept_rate: AcceptRate = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random lengths and arrivals.")] = 0,
+    profile: ProfileOption = None,
+    json: JsonFlag = False,
+) -> None:
+    """Simulate the engine a launch command starts under load: continuous batching, chunked prefill, KV admission
+    and eviction, speculative decoding. Give the command after --."""
+    if not ctx.args:
+        raise SpecError(
+            "give the launch command after --, e.g. shardwise simulate --concurrency 1,16,64 -- "
+            "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8"
+        )
+    loads = loads_of(concurrency, request_rate)
+    cluster_spec = with_profile(load_cluster(gpus), profile)
+    checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
+    setup = checked.setup
+    if setup.layout is None or not setup.valid:
+        reason = setup.rejections[0].reason if setup.rejections else "the command describes no layout"
+        raise SpecError(f"this setup would not start: {reason}")
+    memory = memory_ledger(checked.model, setup.layout, cluster_spec)
+    if memory.verdict != "ok":
+        raise SpecError(f"this setup would not start: {memory.reason or memory.verdict}")
+    acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
+    steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
+    input_lengths, output_lengths, pairs = lengths_of(setup.engine, lengths, isl=isl, osl=osl, ratio=range_ratio)
+    workloads = [
+        WorkloadSpec(input=input_lengths, output=output_lengths, pairs=pairs, num_requests=num_prompts,
+                     concurrency=c, request_rate=r, burstiness=burstiness, seed=seed)
+        for c, r in loads
+    ]  # fmt: skip
+    runs = [(steps, memory)]
+    if acceptance is not None:  # the same command without drafting, to say what speculative decoding gains
+        plain = check_command(without_speculative(ctx.args), cluster=cluster_spec, model=model, version=engine_version)
+        assert plain.setup.layout is not None
+        plain_memory = memory_ledger(plain.model, plain.setup.layout, cluster_spec)
+        runs.append((StepTimes(plain.model, plain.setup.layout, cluster_spec), plain_memory))
+    results: list[list[ServeResult]] = [[] for _ in runs]
+    with report_simulation.progress_bar(num_prompts * len(workloads) * len(runs), label="simulating") as update:
+        for n, (workload, (run_steps, run_memory)) in enumerate(itertools.product(workloads, runs)):
+            label = f"C={workload.concurrency}" if workload.concurrency else f"{workload.request_rate:g} req/s"
+
+            def tick(k: int, done: int = n * num_prompts, text: str = label) -> None:
+                update(text, done + k)
+
+            results[n % len(runs)].append(run_simulation(run_steps, run_memory, workload, progress=tick))
+    baseline = results[1] if len(results) > 1 else None
+    launch = get_engine(setup.engine).launch_command(
+        setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
+    )
+    if json:
+        payload = {
+            "launch": launch,
+            "layout": setup.layout.describe(),
+            "workload": {"input": input_lengths.model_dump(), "output": output_lengths.model_dump(),
+                         "pairs": len(pairs), "num_prompts": num_prompts, "burstiness": burstiness, "seed": seed},
+            "accept_length": acceptance,
+            "results": report_simulation.results_payload(results[0], baseline),
+        }  # fmt: skip
+        typer.echo(report_json.dumps(payload))
+    else:
+        shape = (
+            f"{len(pairs)} length pairs" if pairs else f"{input_lengths.mean:,.0f} in / {output_lengths.mean:,.0f} out"
+        )
+        title = f"simulated {setup.layout.describe()} on {cluster_spec.name}, {num_prompts} requests of {shape}"
+        if acceptance:
+            title += f", {acceptance:.2f} tokens kept per speculative step"
+        view = report_simulation.results_table(results[0], title=title, baseline=baseline)
+        report_table.print_renderable(view)
+
+
+@app.command()
+def theorise(
+    model: Annotated[str, typer.Option(help="Bundled name, config.json path or Hub id.")] = DEFAULT_MODEL,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    framework: Annotated[str, typer.Option(help="sglang, vllm or all.")] = "sglang",
+    engine_version: VersionOption = None,
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    workload: Annotated[
+        str | None, typer.Option(help="A bundled length set instead of --isl/--osl (its means): sharegpt.")
+    ] = None,
+    concurrency: Annotated[
+        str, typer.Option(help="Clients to predict at, comma-separated (closed loop).")
+    ] = "1,2,4,8,16,32,64,128,256,512",
+    objective: Annotated[
+        str, typer.Option(help="max-throughput, max-throughput-under-slo (with --tpot-ms/--ttft-ms) or min-latency.")
+    ] = "max-throughput",
+    tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO: longest mean time per output token, ms.")] = None,
+    ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO: longest time to first token, ms.")] = None,
+    top: Annotated[int, typer.Option(min=1, help="Setups listed in the ranking.")] = 10,
+    accept_length: Annotated[
+        float | None, typer.Option(help="Price MTP / DFlash drafting at this mean of tokens kept per step.")
+    ] = None,
+    profile: ProfileOption = None,
+    markdown: Annotated[Path | None, typer.Option(help="Also write the report as Markdown to this file.")] = None,
+    html: Annotated[Path | None, typer.Option(help="Also write a self-contained HTML page with charts.")] = None,
+    json: JsonFlag = False,
+) -> None:
+    """The best setup for this model on these GPUs and why: every setup that starts predicted and ranked, the
+    winner at each load, what bounds it, why the others lose, the ceiling, what-ifs, what is excluded, and the
+    commands. Defaults: the user's case (Kimi K2.6 on 8× RTX PRO 6000 over PCIe, SGLang, 1k in / 1k out)."""
+    try:
+        goal = Objective(objective)
+    except ValueError:
+        raise SpecError(
+            f"unknown objective {objective!r}; use max-throughput, max-throughput-under-slo or min-latency"
+        ) from None
+    engines = engine_names() if framework == "all" else [get_engine(framework).name]
+    if workload is not None:
+        inputs, outputs, _ = bundled_lengths(workload)
+        isl, osl = round(inputs.mean), round(outputs.mean)
+    levels = int_list(concurrency, "--concurrency")
+    cluster_spec = with_profile(load_cluster(gpus), profile)
+    spec = load_model(model)
+    with report_simulation.progress_bar(1, label="predicting setups") as update:
+        theory = run_theorise(
+            spec, cluster_spec, model_ref=model, engines=engines, isl=isl, osl=osl, concurrency=levels,
+            objective=goal, tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
+            ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None, accept_length=accept_length,
+            version=engine_version, progress=lambda done, total: update("predicting setups", done / total),
+        )  # fmt: skip
+    if markdown is not None:
+        report_files.write_text(markdown, report_theory.theory_markdown(theory, top=top))
+    if html is not None:
+        from shardwise.report.html import theory_html  # imported here: matplotlib takes a while to import
+
+        report_files.write_text(html, theory_html(theory, top=top))
+    if json:
+        typer.echo(report_json.dumps(report_theory.theory_payload(theory, top=top)))
+    else:
+        report_table.print_renderable(report_theory.theory_view(theory, top=top))
