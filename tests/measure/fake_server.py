@@ -64,7 +64,11 @@ def app(speed: Speed):
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({})
+
     routes = [Route(p, complete, methods=["POST"]) for p in ("/v1/completions", "/v1/chat/completions")]
+    routes.append(Route("/health", health))
     return Starlette(routes=routes)
 
 

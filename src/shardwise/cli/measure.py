@@ -8,19 +8,24 @@ from typing import Annotated
 
 import typer
 
-from shardwise.cli.app import BurstinessOption, CommandModel, GpusOption, JsonFlag, app, loads_of
+from shardwise.cli.app import BurstinessOption, CommandModel, GpusOption, JsonFlag, app, int_list, loads_of
+from shardwise.decide.theory import theorise as run_theorise
 from shardwise.errors import SpecError
 from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
+from shardwise.hardware.load import read_yaml
 from shardwise.measure.bench import Target, run_level
 from shardwise.measure.calibrate import calibrate as run_calibrate
 from shardwise.measure.importers import read_results
 from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
+from shardwise.measure.sweep import SweepPlan, recalibrate, reranked
+from shardwise.measure.sweep import sweep as run_sweep
 from shardwise.report import bench as report_bench
 from shardwise.report import files as report_files
 from shardwise.report import json as report_json
 from shardwise.report import simulation as report_simulation
 from shardwise.report import table as report_table
 from shardwise.report import validation as report_validation
+from shardwise.spec.catalog import DEFAULT_MODEL, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, load_cluster
 
 
@@ -154,3 +159,74 @@ def calibrate(
         typer.echo(report_json.dumps(payload))
     else:
         report_table.print_renderable(report_validation.calibration_view(payload))
+
+
+@app.command()
+def sweep(
+    command: Annotated[
+        list[str] | None, typer.Option("--command", help="A launch command to run; repeat for several.")
+    ] = None,
+    plan: Annotated[Path | None, typer.Option(help="A YAML file: commands: [launch command, …].")] = None,
+    top: Annotated[int | None, typer.Option(min=1, help="Run the best N setups theorise predicts.")] = None,
+    model: Annotated[str, typer.Option(help="Model for --top.")] = DEFAULT_MODEL,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    concurrency: Annotated[str, typer.Option(help="Benchmark levels: clients, comma-separated.")] = "1,8,64",
+    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
+    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests per level.")] = 100,
+    folder: Annotated[Path, typer.Option("--dir", help="Where the results and engine logs go.")] = Path(
+        "shardwise-sweep"
+    ),
+    launcher: Annotated[
+        str | None, typer.Option(help="Run this instead of the engine's launcher (a wrapper, a stand-in).")
+    ] = None,
+    health_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for an engine's /health.")] = 1800.0,
+    force: Annotated[bool, typer.Option("--force", help="Also start setups check says cannot start.")] = False,
+    json: JsonFlag = False,
+) -> None:
+    """Start each setup, benchmark it, stop it, record it; diagnose the ones that fail; then calibrate on what
+    was measured and print the re-ranked setups. Run again to continue: finished setups are not re-run."""
+    cluster_spec = load_cluster(gpus)
+    commands = list(command or [])
+    if plan is not None:
+        commands += _plan_commands(plan)
+    if top:
+        spec = load_model(model)
+        theory = run_theorise(spec, cluster_spec, model_ref=model, engines=["sglang"], isl=isl, osl=osl,
+                              concurrency=int_list(concurrency, "--concurrency"))  # fmt: skip
+        commands += [" ".join(s.candidate.launch) for s in theory.ranking.scores[:top]]
+    if not commands:
+        raise SpecError("give setups to sweep: --command '<launch command>' (repeatable), --plan FILE or --top N")
+    sweep_plan = SweepPlan(
+        commands=tuple(dict.fromkeys(commands)), cluster=cluster_spec,
+        concurrency=tuple(int_list(concurrency, "--concurrency")), isl=isl, osl=osl, num_prompts=num_prompts,
+        folder=folder, launcher=launcher, health_timeout_s=health_timeout, force=force,
+    )  # fmt: skip
+    records = run_sweep(sweep_plan, progress=lambda c: typer.echo(f"sweeping: {c}", err=True))
+    calibration, why = recalibrate(records, sweep_plan)
+    ranked = reranked(records, sweep_plan, calibration)
+    if calibration is not None:
+        report_files.write_text(folder / "profile.yaml", calibration_yaml(calibration))
+    payload = {
+        "results": records,
+        "ranked": ranked,
+        "calibration": calibration.model_dump(mode="json") if calibration else None,
+        "calibration_note": why or None,
+    }
+    if json:
+        typer.echo(report_json.dumps(payload))
+    else:
+        report_table.print_renderable(report_bench.sweep_table(ranked, calibrated=calibration is not None))
+        if why:
+            report_table.print_renderable(f"not recalibrated: {why}")
+
+
+def _plan_commands(path: Path) -> list[str]:
+    raw = read_yaml(path)
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("commands"), list)
+        or not all(isinstance(c, str) for c in raw["commands"])
+    ):
+        raise SpecError(f"{path}: a sweep plan is YAML with commands: ['<launch command>', …]")
+    return raw["commands"]

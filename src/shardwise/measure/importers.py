@@ -68,7 +68,7 @@ def read_results(path: Path) -> list[MeasuredLevel]:
 def _read_level(rec: dict[str, Any], source: str) -> MeasuredLevel:
     try:
         return _level(rec, source)
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, OverflowError) as exc:
         raise SpecError(
             f"{source}: a field has the wrong type or value ({exc}); is this a benchmark tool's output?"
         ) from exc

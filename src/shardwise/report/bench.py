@@ -73,3 +73,29 @@ def levels_table(records: list[dict[str, Any]], *, title: str) -> Table:
         table.add_row(load, str(r["completed"]), str(r["failed"]), f"{r['output_throughput']:,.1f}",
                       *("—" if c is None else f"{c:,.1f}" for c in cells))  # fmt: skip
     return table
+
+
+def sweep_table(ranked: list[dict[str, Any]], *, calibrated: bool) -> Table:
+    """The swept setups, re-ranked: measured first (by what was measured), then the rest by prediction."""
+    table = Table(title="swept setups, re-ranked" + (" (predictions recalibrated on the measurements)" if calibrated
+                                                     else ""))  # fmt: skip
+    for name in ("setup", "status", "predicted", "calibrated", "measured", "why"):
+        table.add_column(name, justify="right" if name in ("predicted", "calibrated", "measured") else "left")
+    for r in ranked:
+        cells = [r["predicted_output_tok_s"], r["calibrated_output_tok_s"], r["measured_output_tok_s"]]
+        why = r["reason"] or ""
+        if r.get("detail"):
+            why = f"{why}: {r['detail']}"
+        table.add_row(r["layout"] or _flags(r["command"]), r["status"],
+                      *("—" if c is None else f"{c:,.0f}" for c in cells), why)  # fmt: skip
+    table.caption = "output tok/s at the highest level; predicted with the default constants and recalibrated"
+    return table
+
+
+def _flags(command: str) -> str:
+    """A launch command without its launcher and model: the flags that tell setups apart."""
+    words = command.split()
+    for flag in ("--model-path", "--model"):
+        if flag in words:
+            return " ".join(words[words.index(flag) + 2 :]) or command
+    return command

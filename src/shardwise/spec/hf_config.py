@@ -109,7 +109,7 @@ def model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
         _check_shapes(config["text_config"], name)
     try:
         return _model_from_config(config, name=name)
-    except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as exc:
+    except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError, OverflowError) as exc:
         raise SpecError(
             f"{name}: config.json has a field of the wrong type or value ({type(exc).__name__}: {exc}); "
             "expected a Hugging Face decoder config"
