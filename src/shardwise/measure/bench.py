@@ -16,6 +16,7 @@ millisecond each, so when many are sent at the same instant the last ones read t
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import time
@@ -237,10 +238,12 @@ async def run_level(
         else:
             gaps = rng.gamma(burstiness, 1.0 / (request_rate * burstiness), size=num_prompts)
             delays = np.concatenate(([0.0], np.cumsum(gaps[:-1])))
+        gc.freeze()  # objects made so far are not scanned again: no collector pause of the caller's heap mid-level
         start = time.perf_counter()
         outcomes = await asyncio.gather(*(send(float(d)) for d in delays))
         duration = time.perf_counter() - start
     finally:
+        gc.unfreeze()
         await clients.close()
     return summarise_level(outcomes, isl=isl, osl=osl, concurrency=concurrency, request_rate=request_rate,
                            duration_s=duration)  # fmt: skip
