@@ -50,6 +50,10 @@ GpusOption = Annotated[str, typer.Option("--gpus", help="Cluster: 8xrtx-pro-6000
 ProfileOption = Annotated[
     Path | None, typer.Option("--profile", help="A calibration profile written by `shardwise calibrate`.")
 ]
+ModelOption = Annotated[str, typer.Option(help="Bundled name, config.json path or Hub id.")]
+FrameworkOption = Annotated[str, typer.Option(help="sglang, vllm or all.")]
+IslOption = Annotated[int, typer.Option(min=1, help="Input tokens per request.")]
+OslOption = Annotated[int, typer.Option(min=1, help="Output tokens per request.")]
 BurstinessOption = Annotated[
     float, typer.Option(min=0.01, help="Gamma shape of the gaps between requests; 1 is Poisson.")
 ]

@@ -10,8 +10,11 @@ from shardwise.cli.app import (
     AcceptLength,
     AcceptRate,
     CommandModel,
+    FrameworkOption,
     GpusOption,
     JsonFlag,
+    ModelOption,
+    OslOption,
     ProfileOption,
     VersionOption,
     app,
@@ -130,7 +133,7 @@ def check(
     isl: Annotated[
         int, typer.Option(min=1, help="Input tokens per request, for the concurrency the KV cache holds.")
     ] = 1024,
-    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    osl: OslOption = 1024,
     concurrency: Annotated[
         str, typer.Option(help="Clients to predict serving figures for, comma-separated (closed loop).")
     ] = "1,8,64",
@@ -183,12 +186,12 @@ def check(
 
 @app.command()
 def layouts(
-    model: Annotated[str, typer.Option(help="Bundled name, config.json path or Hub id.")] = DEFAULT_MODEL,
+    model: ModelOption = DEFAULT_MODEL,
     gpus: GpusOption = DEFAULT_CLUSTER,
-    framework: Annotated[str, typer.Option(help="sglang, vllm or all.")] = "sglang",
+    framework: FrameworkOption = "sglang",
     engine_version: VersionOption = None,
     isl: Annotated[int, typer.Option(min=1, help="Input tokens per request, for the concurrency that fits.")] = 1024,
-    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    osl: OslOption = 1024,
     show_all: Annotated[bool, typer.Option("--all", help="Also list layouts that do not fit in memory.")] = False,
     json: JsonFlag = False,
 ) -> None:

@@ -8,7 +8,17 @@ from typing import Annotated
 
 import typer
 
-from shardwise.cli.app import BurstinessOption, CommandModel, GpusOption, JsonFlag, app, int_list, loads_of
+from shardwise.cli.app import (
+    BurstinessOption,
+    CommandModel,
+    GpusOption,
+    IslOption,
+    JsonFlag,
+    OslOption,
+    app,
+    int_list,
+    loads_of,
+)
 from shardwise.decide.theory import theorise as run_theorise
 from shardwise.errors import SpecError
 from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
@@ -171,8 +181,8 @@ def sweep(
     model: Annotated[str, typer.Option(help="Model for --top.")] = DEFAULT_MODEL,
     gpus: GpusOption = DEFAULT_CLUSTER,
     concurrency: Annotated[str, typer.Option(help="Benchmark levels: clients, comma-separated.")] = "1,8,64",
-    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
-    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    isl: IslOption = 1024,
+    osl: OslOption = 1024,
     num_prompts: Annotated[int, typer.Option(min=1, help="Requests per level.")] = 100,
     folder: Annotated[Path, typer.Option("--dir", help="Where the results and engine logs go.")] = Path(
         "shardwise-sweep"

@@ -13,8 +13,12 @@ from shardwise.cli.app import (
     AcceptRate,
     BurstinessOption,
     CommandModel,
+    FrameworkOption,
     GpusOption,
+    IslOption,
     JsonFlag,
+    ModelOption,
+    OslOption,
     ProfileOption,
     VersionOption,
     app,
@@ -56,8 +60,8 @@ def simulate(
         str | None, typer.Option(help="Requests per second of an open loop, comma-separated: one run each.")
     ] = None,
     burstiness: BurstinessOption = 1.0,
-    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
-    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    isl: IslOption = 1024,
+    osl: OslOption = 1024,
     range_ratio: Annotated[
         float | None,
         typer.Option(
@@ -148,12 +152,12 @@ def simulate(
 
 @app.command()
 def theorise(
-    model: Annotated[str, typer.Option(help="Bundled name, config.json path or Hub id.")] = DEFAULT_MODEL,
+    model: ModelOption = DEFAULT_MODEL,
     gpus: GpusOption = DEFAULT_CLUSTER,
-    framework: Annotated[str, typer.Option(help="sglang, vllm or all.")] = "sglang",
+    framework: FrameworkOption = "sglang",
     engine_version: VersionOption = None,
-    isl: Annotated[int, typer.Option(min=1, help="Input tokens per request.")] = 1024,
-    osl: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 1024,
+    isl: IslOption = 1024,
+    osl: OslOption = 1024,
     workload: Annotated[
         str | None, typer.Option(help="A bundled length set instead of --isl/--osl (its means): sharegpt.")
     ] = None,

@@ -22,7 +22,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -66,7 +66,6 @@ class LevelResult:
     e2e_s: Stats
     isl: int
     osl: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def request_throughput(self) -> float:
