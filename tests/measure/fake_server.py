@@ -23,6 +23,7 @@ class Speed:
     drop_after: int = 3
     fail_every: int = 0  # every n-th request answers 500 (0: never)
     stall_every: int = 0  # every n-th request stops sending after its first token and never ends (0: never)
+    stall_from: int = 0  # the n-th request and every later one stop after their first token (0: never)
 
 
 def app(speed: Speed):
@@ -45,6 +46,7 @@ def app(speed: Speed):
         prompt = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
         drop = speed.drop_every and index % speed.drop_every == 0
         stall = speed.stall_every and index % speed.stall_every == 0
+        stall = stall or (speed.stall_from and index >= speed.stall_from)
         if speed.fail_every and index % speed.fail_every == 0:
             return JSONResponse({"error": "overloaded"}, status_code=500)
 

@@ -91,18 +91,19 @@ def test_server_errors_and_stalls_are_counted_not_hidden():
 
 
 def test_ctrl_c_keeps_every_finished_level(tmp_path):
-    """SIGINT in the middle of the second level: the first level is on disk, the command exits 130."""
+    """SIGINT once the first level is on disk, while the second can never finish (its requests stall after their
+    first token): the first level is kept, the command exits 130. The test waits on events, not on time: the
+    first level is 1 + 2 warm-up requests and 4 measured ones, so from the 8th on every request stalls."""
     out = tmp_path / "runs.jsonl"
-    with FakeServer(Speed(ttft_s=0.01, tpot_s=0.01)) as server:
+    with FakeServer(Speed(ttft_s=0.01, tpot_s=0.01, stall_from=8)) as server:
         bench = subprocess.Popen(
             [sys.executable, "-m", "shardwise", "bench", "--url", server.url, "--concurrency", "2,1", "--isl", "8",
              "--osl", "20", "--num-prompts", "4", "--output", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
             time.sleep(0.05)
-        time.sleep(0.3)  # inside the second level (4 requests of about 0.2 s, one at a time)
         bench.send_signal(signal.SIGINT)
         _, err = bench.communicate(timeout=60)
     assert bench.returncode == 130, err
