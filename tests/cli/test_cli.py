@@ -124,7 +124,9 @@ LAUNCH = ["python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Ki
 
 
 def test_check_json_for_a_valid_and_an_invalid_command():
-    ok = runner.invoke(app, ["check", "--json", "--", *LAUNCH, "--tp", "8", "--ep", "8"])
+    ok = runner.invoke(
+        app, ["check", "--json", "--", *LAUNCH, "--tp", "8", "--ep", "8", "--mem-fraction-static", "0.85"]
+    )
     assert ok.exit_code == 0, ok.output
     data = json.loads(ok.stdout)
     assert data["verdict"] == "ok" and data["gpus_used"] == 8 and data["gpus_available"] == 8
@@ -194,7 +196,7 @@ def test_check_predicts_serving_figures_at_each_concurrency():
     payload = check_json(
         "--concurrency", "1,8,64", "--isl", "1024", "--osl", "1024", "--",
         "python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp", "8", "--ep", "8",
-        "--trust-remote-code", "--disable-cuda-graph",
+        "--mem-fraction-static", "0.85", "--trust-remote-code", "--disable-cuda-graph",
     )  # fmt: skip
     predicted = payload["predicted"]
     assert [p["concurrency"] for p in predicted] == [1, 8, 64]
@@ -207,7 +209,17 @@ def test_check_predicts_serving_figures_at_each_concurrency():
 
 
 def test_check_honours_cuda_graphs_in_the_command():
-    base = ["python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp", "8"]
+    base = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "moonshotai/Kimi-K2.6",
+        "--tp",
+        "8",
+        "--mem-fraction-static",
+        "0.85",
+    ]
     graphs = check_json("--concurrency", "1", "--", *base)["predicted"][0]
     eager = check_json("--concurrency", "1", "--", *base, "--disable-cuda-graph")["predicted"][0]
     assert graphs["output_tok_s"] > eager["output_tok_s"]
@@ -239,7 +251,19 @@ def simulate_json(*args: str):
     return json.loads(result.stdout)
 
 
-KIMI_EP8 = ["python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp", "8", "--ep", "8"]
+KIMI_EP8 = [
+    "python",
+    "-m",
+    "sglang.launch_server",
+    "--model-path",
+    "moonshotai/Kimi-K2.6",
+    "--tp",
+    "8",
+    "--ep",
+    "8",
+    "--mem-fraction-static",
+    "0.85",
+]
 
 
 def test_simulate_reports_the_benchmark_metrics_per_load():
@@ -276,7 +300,7 @@ def test_simulate_speculative_decoding_with_an_acceptance_rate():
         (["--concurrency", "1", "--", *KIMI_EP8, "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
           "z-lab/Kimi-K2.6-DFlash"], "needs its acceptance"),
         (["--concurrency", "1", "--lengths", "nosuchset", "--", *KIMI_EP8], "unknown length set"),
-        (["--concurrency", "1", "--isl", "90000", "--", *KIMI_EP8], "does not fit one rank's KV pool"),
+        (["--concurrency", "1", "--isl", "100000", "--", *KIMI_EP8], "does not fit one rank's KV pool"),
         (["--concurrency", "1", "--", *KIMI_EP8[:-4], "--tp", "2", "--ep", "4"], "would not start"),
     ],
 )  # fmt: skip
@@ -329,7 +353,10 @@ def test_validate_a_results_file_with_its_launch_command(tmp_path):
               "mean_tpot_ms": 15.0, "mean_ttft_ms": 300.0}  # fmt: skip
     path = tmp_path / "runs.jsonl"
     path.write_text(json.dumps(record) + "\n")
-    command = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8 --disable-cuda-graph"
+    command = (
+        "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8 "
+        "--mem-fraction-static 0.85 --disable-cuda-graph"
+    )
     result = runner.invoke(app, ["validate", str(path), "--json", "--gpus", "8xrtx-pro-6000", "--command", command])
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)["rows"]

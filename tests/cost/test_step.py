@@ -120,5 +120,5 @@ def test_removing_communication_never_slows_a_step(tp8, monkeypatch):
 
 def test_memory_verdict_of_the_sanity_layouts_is_ok():
     cluster = load_cluster("8xrtx-pro-6000")
-    checked = check_command(SGLANG + "--tp 8 --ep 8", cluster=cluster)
+    checked = check_command(SGLANG + "--tp 8 --ep 8 --mem-fraction-static 0.85", cluster=cluster)
     assert memory_ledger(checked.model, checked.setup.layout, cluster).verdict == "ok"

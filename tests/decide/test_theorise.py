@@ -114,7 +114,7 @@ def test_when_nothing_fits_it_says_what_would():
 
 def test_a_request_too_long_for_every_pool_is_said_to_be_the_problem():
     model, cluster = load_model("kimi-k2.6"), load_cluster("8xrtx-pro-6000")
-    t = theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=2_000_000, osl=1024,
+    t = theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=4_000_000, osl=1024,
                  concurrency=[1])  # fmt: skip
     assert t.best is None
-    assert "none holds one request of 2,000,000 + 1,024 tokens" in t.would_fit[0]
+    assert "none holds one request of 4,000,000 + 1,024 tokens" in t.would_fit[0]

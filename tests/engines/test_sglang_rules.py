@@ -31,10 +31,20 @@ def rules(setup):
         ("--tp 8 --dp-size 1 --attn-dp-size 8", "--tp 4 --dp-size 2 --attn-dp-size 2", "replicas_with_attn_dp"),
         ("--tp 8 --attn-dp-size 8", "--tp 8 --attn-dp-size 8 --attn-cp-size 2", "attn_cp_divides_tp"),
         ("--tp 8 --moe-dense-tp-size 1", "--tp 8 --moe-dense-tp-size 2", "moe_dense_tp"),
-        ("--tp 8 --dcp-size 8", "--tp 4 --dcp-size 8", "dcp_divides_tp"),
+        ("--tp 8 --dcp-size 8 --attention-backend flashinfer", "--tp 4 --dcp-size 8", "dcp_divides_tp"),
+        ("--tp 8 --dcp-size 8 --attention-backend flashinfer", "--tp 8 --dcp-size 8", "dcp_attention_backend"),
+        (
+            "--tp 8 --dcp-size 8 --attention-backend flashinfer",
+            "--tp 8 --dcp-size 8 --attention-backend flashinfer --speculative-algorithm EAGLE",
+            "dcp_attention_backend",
+        ),
+        (
+            "--tp 8 --ep 8 --moe-a2a-backend deepep --deepep-mode low_latency",
+            "--tp 8 --ep 8 --moe-a2a-backend deepep",
+            "deepep_needs_nvlink",
+        ),
         ("--tp 8 --ep 8 --enable-eplb", "--tp 8 --enable-eplb", "eplb_needs_ep"),
         ("--tp 8 --attn-dp-size 8 --enable-two-batch-overlap", "--tp 8 --enable-two-batch-overlap", "tbo_needs_a2a"),
-        ("--tp 8 --attn-dp-size 8 --enable-dp-lm-head", "--tp 8 --enable-dp-lm-head", "dp_lm_head_needs_attn_dp"),
         (
             "--tp 8 --chunked-prefill-size 8192 --page-size 64",
             "--tp 8 --chunked-prefill-size 8100 --page-size 64",
@@ -51,11 +61,17 @@ def rules(setup):
             "--tp 8 --speculative-algorithm EAGLE3",
             "mtp_needs_draft",
         ),
-        ("--tp 8 --moe-dp-size 2 --ep 4", "--tp 8 --moe-dp-size 2 --ep 2", "moe_dp"),
-        ("--tp 8 --dcp-size 2", "--tp 8 --dcp-size 2 --enable-prefill-cp", "dcp_with_prefill_cp"),
+        ("--tp 8 --moe-dp-size 2 --ep 4 --attn-cp-size 2", "--tp 8 --moe-dp-size 2 --ep 2 --attn-cp-size 2", "moe_dp"),
+        ("--tp 8 --moe-dp-size 2 --ep 4 --attn-cp-size 2", "--tp 8 --moe-dp-size 2 --ep 4", "moe_dp"),
+        ("--tp 8", "--tp 8 --language-model-only", "language_model_only"),
         (
-            "--tp 8 --ep 8 --moe-a2a-backend deepep --enable-two-batch-overlap",
-            "--tp 8 --ep 8 --moe-a2a-backend deepep_v2 --enable-two-batch-overlap",
+            "--tp 8 --dcp-size 2 --attention-backend flashinfer",
+            "--tp 8 --dcp-size 2 --attention-backend flashinfer --enable-prefill-cp",
+            "dcp_with_prefill_cp",
+        ),
+        (
+            "--tp 8 --ep 8 --moe-a2a-backend deepep --deepep-mode low_latency --enable-two-batch-overlap",
+            "--tp 8 --ep 8 --moe-a2a-backend deepep_v2 --deepep-mode low_latency --enable-two-batch-overlap",
             "tbo_deepep_v2",
         ),
         (
@@ -81,6 +97,24 @@ def test_rule_both_sides(ok, bad, rule):
     assert rule in rules(resolve(bad))
 
 
+@pytest.mark.parametrize("model", ["llama-3.1-70b", "mixtral-8x7b"])
+def test_attention_dp_on_a_model_without_its_path(model):
+    """SGLang's LlamaAttention and MixtralAttention split heads over the whole TP group (models/llama.py,
+    models/mixtral.py): attention DP is not refused at start-up but cannot serve, so shardwise refuses it."""
+    bad = resolve("--tp 8 --attn-dp-size 8", model=model, cluster="8xh100")
+    assert rules(bad) == ["attention_dp_unsupported"] and bad.rejections[0].engine_error is None
+    assert "models/" in bad.rejections[0].source
+    assert resolve("--tp 8 --attn-dp-size 8", model="qwen3-235b-a22b", cluster="8xh100").valid
+
+
+def test_dp_lm_head_without_attention_dp_is_turned_off_not_refused():
+    """SGLang's _data_parallelism_defaults resets it when there is one DP rank (arg_groups/overrides.py)."""
+    setup = resolve("--tp 8 --enable-dp-lm-head")
+    assert setup.valid and setup.flags["enable_dp_lm_head"] is False
+    assert any("--enable-dp-lm-head is turned off" in n.message for n in setup.notes)
+    assert resolve("--tp 8 --attn-dp-size 8 --enable-dp-lm-head").flags["enable_dp_lm_head"] is True
+
+
 def test_ep_not_dividing_tp_is_a_topology_error():
     # 8 = 3 × 1 × 2 fails the publish-time check (384 experts would split over 3 just fine)
     setup = resolve("--tp 8 --ep 3")
@@ -96,12 +130,14 @@ def test_heads_split_over_attention_tp():
     # Kimi has 64 heads: attention TP 16 is fine on 16 GPUs, 3 is not
     assert "heads_split" in rules(resolve("--tp 6", cluster="6xrtx-pro-6000"))
     assert resolve("--tp 16", cluster="2x8xrtx-pro-6000").valid is False  # needs --nnodes 2
-    assert resolve("--tp 16 --nnodes 2", cluster="2x8xrtx-pro-6000").valid
+    assert resolve("--tp 16 --nnodes 2 --dist-init-addr 10.0.0.1:5000", cluster="2x8xrtx-pro-6000").valid
 
 
 def test_gqa_kv_heads_replicate_or_split():
     assert resolve("--tp 8", model="llama-3.1-70b").valid  # 8 KV heads split 8 ways
-    assert resolve("--tp 16 --nnodes 2", model="llama-3.1-70b", cluster="2x8xh100").valid  # replicated ×2
+    assert resolve(
+        "--tp 16 --nnodes 2 --dist-init-addr 10.0.0.1:5000", model="llama-3.1-70b", cluster="2x8xh100"
+    ).valid  # replicated ×2
     assert resolve("--tp 8", model="qwen3-next-80b-a3b").valid  # 2 KV heads replicated ×4
     # 8 KV heads cannot be shared out over 6 ranks (and 64 query heads do not split 6 ways either)
     assert {"heads_split"} <= set(rules(resolve("--tp 6", model="llama-3.1-70b", cluster="6xh100")))
@@ -137,32 +173,48 @@ def test_tp_above_expert_count(write_config):
 
 def test_fp8_block_alignment():
     # DeepSeek-V3 FP8: the dense MLP (18432 = 144 × 128) splits over 16 but not over 32 ranks
-    assert resolve("--tp 16 --nnodes 2", model="deepseek-v3", cluster="2x8xh200").valid
-    setup = resolve("--tp 32 --nnodes 4 --moe-dense-tp-size 1", model="deepseek-v3", cluster="4x8xh200")
+    assert resolve("--tp 16 --nnodes 2 --dist-init-addr 10.0.0.1:5000", model="deepseek-v3", cluster="2x8xh200").valid
+    setup = resolve(
+        "--tp 32 --nnodes 4 --dist-init-addr 10.0.0.1:5000 --moe-dense-tp-size 1",
+        model="deepseek-v3",
+        cluster="4x8xh200",
+    )
     # moe_intermediate 2048 / 32 = 64: not a whole 128-wide block
     assert "moe_tp_width" in rules(setup)
     assert "weight_block_size_n" in setup.rejections[0].engine_error
     assert "moe_tp_width" not in rules(
-        resolve("--tp 32 --ep 32 --nnodes 4 --moe-dense-tp-size 1", model="deepseek-v3", cluster="4x8xh200")
+        resolve(
+            "--tp 32 --ep 32 --nnodes 4 --dist-init-addr 10.0.0.1:5000 --moe-dense-tp-size 1",
+            model="deepseek-v3",
+            cluster="4x8xh200",
+        )
     )
     # TP-split shared experts (2048 / 32 = 64) and dense MLP (18432 / 32 = 576) are not whole blocks either
-    wide = resolve("--tp 32 --ep 32 --nnodes 4", model="deepseek-v3", cluster="4x8xh200")
+    wide = resolve("--tp 32 --ep 32 --nnodes 4 --dist-init-addr 10.0.0.1:5000", model="deepseek-v3", cluster="4x8xh200")
     assert rules(wide) == ["partition_block"] and "shared experts: 2048 / 32" in wide.rejections[0].reason
-    dense = resolve("--tp 32 --ep 32 --nnodes 4 --moe-a2a-backend deepep", model="deepseek-v3", cluster="4x8xh200")
+    dense = resolve(
+        "--tp 32 --ep 32 --nnodes 4 --dist-init-addr 10.0.0.1:5000 --moe-a2a-backend deepep",
+        model="deepseek-v3",
+        cluster="4x8xh200",
+    )
     assert rules(dense) == ["partition_block"] and "dense MLP" in dense.rejections[0].reason
     assert resolve(
-        "--tp 32 --ep 32 --nnodes 4 --moe-a2a-backend deepep --moe-dense-tp-size 1",
+        "--tp 32 --ep 32 --nnodes 4 --dist-init-addr 10.0.0.1:5000 --moe-a2a-backend deepep --moe-dense-tp-size 1",
         model="deepseek-v3",
         cluster="4x8xh200",
     ).valid
 
 
 def test_multi_node_rules():
-    assert resolve("--tp 4 --pp-size 3 --nnodes 3", model="llama-3.1-70b", cluster="3x4xh100").valid
-    assert "multi_node_split" in rules(resolve("--tp 4 --nnodes 3", cluster="3x4xh100"))
+    assert resolve(
+        "--tp 4 --pp-size 3 --nnodes 3 --dist-init-addr 10.0.0.1:5000", model="llama-3.1-70b", cluster="3x4xh100"
+    ).valid
+    assert "multi_node_split" in rules(resolve("--tp 4 --nnodes 3 --dist-init-addr 10.0.0.1:5000", cluster="3x4xh100"))
     assert resolve("--tp 8 --dp-size 2", model="llama-3.1-8b", cluster="16xh100").valid
     assert "multi_node_replicas" in rules(
-        resolve("--tp 8 --dp-size 2 --nnodes 2", model="llama-3.1-8b", cluster="2x8xh100")
+        resolve(
+            "--tp 8 --dp-size 2 --nnodes 2 --dist-init-addr 10.0.0.1:5000", model="llama-3.1-8b", cluster="2x8xh100"
+        )
     )
 
 
@@ -197,7 +249,7 @@ def test_attention_dp_spellings_by_version():
 
 
 def test_silent_rewrites_are_shown():
-    deepep = resolve("--tp 8 --ep 2 --moe-a2a-backend deepep --deepep-mode normal")
+    deepep = resolve("--tp 8 --ep 2 --moe-a2a-backend deepep --deepep-mode normal", cluster="8xh100")
     assert deepep.flags["ep_size"] == 8 and not deepep.flags["cuda_graph"]
     messages = " ".join(n.message for n in deepep.notes)
     assert "sets ep 2 to the tensor parallel size 8" in messages and "turns CUDA graphs off" in messages

@@ -83,9 +83,10 @@ def test_kv_heads_that_neither_split_nor_replicate(odd_kv_model):
 
 def test_fp8_block_slices_without_ep():
     # DeepSeek-V3 FP8, MoE sliced over tp × dp = 32: 2048 / 32 = 64 is not a whole 128-wide block
-    bad = resolve("-tp 8 -dp 4", model="deepseek-v3", cluster="4x8xh200")
+    nodes = "--nnodes 4 --master-addr 10.0.0.1"
+    bad = resolve(f"-tp 8 -dp 4 {nodes}", model="deepseek-v3", cluster="4x8xh200")
     assert "partition" in rules(bad) and "block_n = 128" in bad.rejections[0].engine_error
-    assert resolve("-tp 8 -dp 4 -ep", model="deepseek-v3", cluster="4x8xh200").valid
+    assert resolve(f"-tp 8 -dp 4 -ep {nodes}", model="deepseek-v3", cluster="4x8xh200").valid
 
 
 def test_eplb_rules():

@@ -74,7 +74,10 @@ def test_rank_agreement_counts_pairs_in_the_measured_order(tmp_path):
     base = {**SGLANG_LINE, "max_concurrency": 1, "mean_tpot_ms": None}
     cmd = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --disable-cuda-graph "
     rows = []
-    for flags, tok_s in (("--tp-size 8 --ep-size 8", 65.3), ("--pp-size 8 --mem-fraction-static 0.85", 36.9)):
+    for flags, tok_s in (
+        ("--tp-size 8 --ep-size 8 --mem-fraction-static 0.85", 65.3),
+        ("--pp-size 8 --mem-fraction-static 0.85", 36.9),
+    ):
         path = tmp_path / f"{len(rows)}.jsonl"
         path.write_text(json.dumps({**base, "output_throughput": tok_s}) + "\n")
         rows += rows_from_results(read_results(path), command=cmd + flags, gpus="8xrtx-pro-6000", model=None)

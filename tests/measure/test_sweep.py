@@ -13,8 +13,9 @@ from shardwise.spec.cluster import load_cluster
 
 STANDIN = f"{sys.executable} {Path(__file__).parent / 'standin_engine.py'}"
 KIMI = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 "
-FOUR = [KIMI + "--tp-size 8 --ep-size 8", KIMI + "--tp-size 4 --ep-size 2", KIMI + "--tp-size 2 --ep-size 4",
-        KIMI + "--tp-size 8"]  # fmt: skip
+FRACTION = " --mem-fraction-static 0.85"  # at SGLang's default no Kimi layout has KV room on these cards
+FOUR = [KIMI + "--tp-size 8 --ep-size 8" + FRACTION, KIMI + "--tp-size 4 --ep-size 2", KIMI + "--tp-size 2 --ep-size 4",
+        KIMI + "--tp-size 8" + FRACTION]  # fmt: skip
 
 
 def plan(folder: Path, force: bool = True) -> SweepPlan:
@@ -41,7 +42,7 @@ def test_two_measured_two_failed_with_their_reasons_and_no_orphans(tmp_path):
     assert "CUDA out of memory" in by["--tp-size 4 --ep-size 2"]["detail"]
     assert by["--tp-size 2 --ep-size 4"]["reason"] == "invalid"
     assert by["--tp-size 2 --ep-size 4"]["detail"].startswith("ZeroDivisionError")
-    measured = by["--tp-size 8 --ep-size 8"]
+    measured = by["--tp-size 8 --ep-size 8" + FRACTION]
     assert measured["levels"][1]["completed"] == 4 and measured["measured_output_tok_s"] > 0
     assert measured["predicted_output_tok_s"] > 0  # what shardwise predicted sits beside it
     time.sleep(0.5)

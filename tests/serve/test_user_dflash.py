@@ -4,9 +4,10 @@ drafter and the text, so the test finds the mean accepted length that reproduces
 then predicts, at that acceptance, how the speedup changes with load.
 
 The drafter is z-lab's Kimi DFlash model (6 Qwen3-style layers, block of 8; bundled as kimi-k2.6-dflash). Its
-weights and KV take room from the KV pool, so DFlash holds 17 requests of 1024 + 1024 tokens where plain
-decoding holds 23; each step verifies 8 tokens per request, so the step's expert reads and all-reduces grow
-8× faster with the batch. Run `pytest -rP tests/serve/test_user_dflash.py` to see the curves.
+weights and KV take room from the KV pool, so DFlash holds 39 requests of 1024 + 1024 tokens where plain
+decoding holds 46 (at --mem-fraction-static 0.85: at SGLang's default EP8 has no KV room); each step
+verifies 8 tokens per request, so the step's expert reads and all-reduces grow 8× faster with the batch.
+Run `pytest -rP tests/serve/test_user_dflash.py` to see the curves.
 """
 
 import pytest
@@ -19,7 +20,10 @@ from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
 from shardwise.spec.workload import Lengths, WorkloadSpec
 
-EP8 = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8 --disable-cuda-graph"
+EP8 = (
+    "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8 --mem-fraction-static 0.85 "
+    "--disable-cuda-graph"
+)
 DFLASH = " --speculative-algorithm DFLASH --speculative-draft-model-path z-lab/Kimi-K2.6-DFlash"
 MEASURED_SPEEDUP = 2.15
 CLIENTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -63,8 +67,8 @@ def tau(pair) -> float:
 def test_the_setup_starts_and_the_drafter_takes_kv_room(pair):
     assert pair.spec.setup.valid
     assert pair.spec.setup.layout.options.overlap_schedule is False  # SGLang turns it off for spec decoding
-    assert pair.plain_memory.max_concurrency(isl=1024, osl=1024) == 23
-    assert pair.spec_memory.max_concurrency(isl=1024, osl=1024) == 17
+    assert pair.plain_memory.max_concurrency(isl=1024, osl=1024) == 46
+    assert pair.spec_memory.max_concurrency(isl=1024, osl=1024) == 39
 
 
 def test_an_acceptance_reproduces_the_measured_speedup(pair, tau):
@@ -84,9 +88,9 @@ def test_the_simulation_agrees_at_one_request(pair, tau):
 
 def test_the_speedup_falls_with_load_and_below_one_for_short_requests(pair, tau):
     """1024 in / 1024 out: the speedup falls from 2.15× to about 1.35× at 8 clients, then both setups reach
-    their KV bound (17 and 23 requests) and the ratio stays about 1.25×: the pool fills before the verify of 8
-    tokens per request makes the step compute- or PCIe-bound. With 128 in / 128 out the pools hold 138 and 188
-    requests, the step of 8 × 138 verify tokens is bound by the all-reduces over PCIe, and DFlash loses from
+    their KV bound (39 and 46 requests) and the ratio stays about 1.4×: the pool fills before the verify of 8
+    tokens per request makes the step compute- or PCIe-bound. With 128 in / 128 out the pools hold 317 and 375
+    requests, the step of 8 × 317 verify tokens is bound by the all-reduces over PCIe, and DFlash loses from
     256 clients on."""
     long = [pair.speedup(tau, c) for c in CLIENTS]
     short = [pair.speedup(tau, c, isl=128, osl=128) for c in CLIENTS]

@@ -154,7 +154,7 @@ def check(
     setup = checked.setup
     launch, memory = None, None
     if setup.layout is not None:
-        launch = get_engine(setup.engine).launch_command(
+        launch = get_engine(setup.engine).launch_commands(
             setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
         )
         memory = memory_ledger(checked.model, setup.layout, cluster_spec)
@@ -207,7 +207,7 @@ def layouts(
         rows = [
             (
                 s,
-                engine.launch_command(s, model_ref=model_reference(model), remote_code=spec.remote_code),
+                engine.launch_commands(s, model_ref=model_reference(model), remote_code=spec.remote_code),
                 memory_ledger(spec, s.layout, cluster_spec),
             )
             for s in found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -66,19 +67,25 @@ def bench(
     if not url.startswith(("http://", "https://")):
         raise SpecError(f"--url must start with http:// or https://, e.g. http://localhost:30000; got {url!r}")
     target = Target(url=url, model=model, chat=chat, timeout_s=timeout)
-    records = []
-    with report_simulation.progress_bar(num_prompts * len(loads), label="benchmarking") as update:
+    records: list[dict] = []
+
+    async def every_level(update: Callable[[str, int], None]) -> None:
+        """All levels on one event loop: Ctrl-C at any moment cancels it cleanly (a loop per level left a window
+        between two loops where the interrupt could leave one half closed)."""
         for n, (c, rate) in enumerate(loads):
             label = f"C={c}" if c else f"{rate:g} req/s"
 
             def tick(k: int, done: int = n * num_prompts, text: str = label) -> None:
                 update(text, done + k)
 
-            level = asyncio.run(run_level(target, isl=isl, osl=osl, num_prompts=num_prompts, concurrency=c,
-                                          request_rate=rate, burstiness=burstiness, progress=tick))  # fmt: skip
+            level = await run_level(target, isl=isl, osl=osl, num_prompts=num_prompts, concurrency=c,
+                                    request_rate=rate, burstiness=burstiness, progress=tick)  # fmt: skip
             record = report_bench.level_record(level, url=url, model=model)
             report_bench.append_record(output, record)
             records.append(record)
+
+    with report_simulation.progress_bar(num_prompts * len(loads), label="benchmarking") as update:
+        asyncio.run(every_level(update))
     if json:
         typer.echo(report_json.dumps(records))
     else:

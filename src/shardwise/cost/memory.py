@@ -63,6 +63,12 @@ class MemoryLedger(Frozen):
     state_bytes_per_request: float = Field(0, description="fixed per-request state (linear attention), per GPU")
     max_running_requests_per_rank: int | None = None
     ranks: int = Field(description="independent KV pools: attention-DP ranks × copies")
+    largest_fraction: float | None = Field(
+        None,
+        description="the largest memory fraction that still leaves every GPU its activation peak and CUDA-graph "
+        "memory (SGLang's mem_fraction_static, which they live outside of); None where the engine sizes them "
+        "inside the fraction",
+    )
     warnings: tuple[str, ...] = ()
 
     def max_concurrency(self, *, isl: int, osl: int) -> int:
@@ -229,6 +235,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         state_bytes_per_request=state,
         max_running_requests_per_rank=_running_slots(model, layout, tokens),
         ranks=layout.attn_dp * layout.replicas,
+        largest_fraction=None if opts.activations_in_budget else _largest_fraction(capacity, rt, act + graphs),
         warnings=tuple(_headroom_warnings(per_gpu) if verdict == "ok" else ())
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
@@ -268,14 +275,24 @@ def _verdict(
             f"for the CUDA stack, more than its {capacity / GiB:,.1f} GiB",
             "torch.OutOfMemoryError: CUDA out of memory (while loading weights)",
         )
+    if kv > capacity - weights - rt:
+        return (
+            "oom",
+            f"the memory fraction {opts.memory_fraction:g} asks for a KV pool of {kv / GiB:,.1f} GiB, more than the "
+            f"{(capacity - weights - rt) / GiB:,.1f} GiB free after weights and the CUDA stack; the fraction is a "
+            "share of the GPU, at most 1 and in practice below what leaves activations room",
+            "torch.OutOfMemoryError: CUDA out of memory (while allocating the KV cache)",
+        )
     if kv <= 0 and opts.memory_fraction_of == "free_at_start":
-        needed = math.ceil(weights / (capacity - rt) * 1000) / 1000  # 1 - available / pre-load
+        minimum = weights / (capacity - rt)  # 1 - available / pre-load
         return (
             "no_kv_room",
             f"weights ({weights / GiB:,.1f} GiB) take all of mem_fraction_static "
             f"{opts.memory_fraction:.3f} × {(capacity - rt) / GiB:,.1f} GiB free at start, leaving no KV cache",
             f"ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
-            f"{opts.memory_fraction:.3f}. Raise --mem-fraction-static above {needed:.3f}",
+            f"{opts.memory_fraction:.3f}. Raise --mem-fraction-static above {math.ceil(minimum * 1000) / 1000:.3f} "
+            f"(minimum viable = 1 - available/pre = {minimum:.4f}). If using speculative decoding, draft weights "
+            "are now counted.",
         )
     if kv <= 0:
         return (
@@ -296,6 +313,14 @@ def _verdict(
     if tokens < 1:
         return ("no_kv_room", f"{kv / GiB:.2f} GiB of KV cache is less than one page", None)
     return "ok", None, None
+
+
+def _largest_fraction(capacity: float, rt: float, outside: float) -> float:
+    """The largest SGLang-style fraction (of the memory free before weights load) that leaves `outside` bytes
+    (activation peak and CUDA graphs) and the uncertainty of the CUDA-stack estimate free on the GPU."""
+    rt_model = runtime()
+    band = rt_model.non_torch_multi_gpu.si("bytes") - rt_model.non_torch_single_gpu.si("bytes")
+    return 1 - (outside + band) / (capacity - rt)
 
 
 def _running_slots(model: ModelSpec, layout: Layout, tokens: int) -> int:

@@ -12,6 +12,7 @@ KV room) or cannot hold one request of the workload; every setup that starts is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -35,9 +36,15 @@ class Candidate:
     variant: str  # "" for the engine's defaults, else the option variant ("CUDA graphs off", …)
     setup: Setup
     layout: Layout
-    launch: tuple[str, ...]
+    launch: tuple[str, ...]  # node 0's command
     memory: MemoryLedger
     predictions: tuple[Prediction, ...]
+    node_launches: tuple[tuple[str, ...], ...] = ()  # one command per node, where the setup spans several
+
+    @property
+    def launches(self) -> tuple[tuple[str, ...], ...]:
+        """The commands that start it: one per node."""
+        return self.node_launches or (self.launch,)
 
     @property
     def name(self) -> str:
@@ -117,15 +124,41 @@ class _Search:
         if key in self._seen:
             return
         self._seen.add(key)
-        if not self._fits(engine.name, launch, layout, memory, hand_tried):
-            return
-        self._add(engine, setup, launch, memory, "")
-        for label, options in _option_sets(engine, given):
+        added, started = 0, None
+        for label, options in [("", {}), *_option_sets(engine, given)]:
             variant = engine.setup({**given, **options}, model=self.model, cluster=self.cluster, version=version)
-            if variant.valid and variant.layout is not None:
-                v_memory = memory_ledger(self.model, variant.layout, self.cluster)
-                if v_memory.verdict == "ok" and v_memory.max_concurrency(isl=self.isl, osl=self.osl) >= 1:
-                    self._add(engine, variant, self._launch(engine, variant), v_memory, label)
+            if not variant.valid or variant.layout is None:
+                continue
+            v_memory = memory_ledger(self.model, variant.layout, self.cluster)
+            for v_label, v_setup, v_ledger in self._with_raised_fraction(engine, label, {**given, **options},
+                                                                          variant, v_memory, version):  # fmt: skip
+                if v_ledger.verdict == "ok" and v_ledger.max_concurrency(isl=self.isl, osl=self.osl) >= 1:
+                    self._add(engine, v_setup, self._launch(engine, v_setup), v_ledger, v_label)
+                    added += 1
+                elif v_ledger.verdict == "ok" and started is None:
+                    started = (v_setup, v_ledger)
+        if not added:  # say why with an option set that starts, where one does: the request is then too long
+            shown, shown_memory = started or (setup, memory)
+            self._fits(engine.name, self._launch(engine, shown), layout, shown_memory, hand_tried)
+
+    def _with_raised_fraction(self, engine: Engine, label: str, given: dict[str, Any], setup: Setup,
+                              memory: MemoryLedger, version: Any) -> list[tuple[str, Setup, MemoryLedger]]:  # fmt: skip
+        """The option set as the engine sizes it, and with the memory fraction raised to the largest value that
+        leaves every GPU its activation peak and CUDA graphs (floored to 0.01), where the engine has such a
+        flag, the command does not set it, and raising it adds room."""
+        out = [(label, setup, memory)]
+        flag = engine.memory_fraction_option
+        current = setup.layout.options.memory_fraction if setup.layout else None
+        if flag is None or flag in given or memory.largest_fraction is None or current is None:
+            return out
+        raised = math.floor(memory.largest_fraction * 100) / 100
+        if raised <= current + 0.005:
+            return out
+        higher = engine.setup({**given, flag: raised}, model=self.model, cluster=self.cluster, version=version)
+        if higher.valid and higher.layout is not None:
+            name = ", ".join(filter(None, [label, f"memory fraction {raised:.2f}"]))
+            out.append((name, higher, memory_ledger(self.model, higher.layout, self.cluster)))
+        return out
 
     def _fits(self, engine: str, launch: tuple[str, ...], layout: Layout, memory: MemoryLedger, tried: bool) -> bool:
         if memory.verdict != "ok":
@@ -147,13 +180,18 @@ class _Search:
         predictions = tuple(predictor.sweep(self.concurrency, isl=self.isl, osl=self.osl))
         self.candidates.append(
             Candidate(engine=engine.name, variant=variant, setup=setup, layout=setup.layout, launch=launch,
-                      memory=memory, predictions=predictions)
+                      memory=memory, predictions=predictions, node_launches=self._node_launches(engine, setup))
         )  # fmt: skip
 
     def _launch(self, engine: Engine, setup: Setup) -> tuple[str, ...]:
         return tuple(
             engine.launch_command(setup, model_ref=model_reference(self.model_ref), remote_code=self.model.remote_code)
         )
+
+    def _node_launches(self, engine: Engine, setup: Setup) -> tuple[tuple[str, ...], ...]:
+        commands = engine.launch_commands(setup, model_ref=model_reference(self.model_ref),
+                                          remote_code=self.model.remote_code)  # fmt: skip
+        return tuple(tuple(c) for c in commands) if len(commands) > 1 else ()
 
     def _exclude(self, engine: str, launch: tuple[str, ...], layout: str | None, verdict: str, reason: str,
                  error: str | None, tried: bool) -> None:  # fmt: skip

@@ -25,6 +25,7 @@ from shardwise.decide.search import Candidate, SearchResult, search
 from shardwise.decide.whatif import WhatIf, what_ifs
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import model_reference
+from shardwise.engines.flags import command_text
 from shardwise.hardware.load import runtime
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -43,12 +44,23 @@ class Theory:
     winners: tuple[Winner, ...]
     crossovers: tuple[tuple[Winner, Winner], ...]
     frontier: tuple[ParetoPoint, ...]
-    verify: tuple[tuple[str, ...], ...]  # commands that check the winner
+    verify: tuple[tuple[str, ...], ...]  # commands that check the winner: its launch on each node, then the checks
     would_fit: tuple[str, ...]  # when nothing serves: what would
 
     @property
     def best(self) -> Candidate | None:
         return self.ranking.best.candidate if self.ranking.best else None
+
+    def verify_lines(self) -> list[str]:
+        """The verify commands as shell lines, each node's launch under a comment where it spans several nodes."""
+        nodes = len(self.best.launches) if self.best else 0
+        lines = []
+        for i, cmd in enumerate(self.verify):
+            if nodes > 1 and i < nodes:
+                lines.append(f"# on node {i} of {nodes}" + (" (set HEAD_IP to its address on every node)" if i == 0
+                                                             else ""))  # fmt: skip
+            lines.append(command_text(list(cmd)))
+        return lines
 
 
 def theorise(
@@ -94,7 +106,7 @@ def _verify(ranking: Ranking, model_ref: str, *, isl: int, osl: int) -> tuple[tu
     bench = engine.benchmark_command(model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=c,
                                      prompts=max(100, PROMPTS_PER_CLIENT * c))  # fmt: skip
     return (
-        tuple(win.candidate.launch),
+        *win.candidate.launches,
         tuple(bench),
         (
             "shardwise",

@@ -49,12 +49,18 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
     return [w for w in out if w is not None]
 
 
+def _labels(variant: str) -> set[str]:
+    """The option labels of a variant; a raised memory fraction counts as one label whatever its value (it is the
+    largest that fits the variant's own activations and graphs)."""
+    return {"memory fraction raised" if p.startswith("memory fraction") else p for p in variant.split(", ") if p}
+
+
 def _option(result: SearchResult, winner: Candidate, base: float, label: str) -> WhatIf | None:
     """The winner's layout and options with one option variant toggled."""
-    have = set(filter(None, winner.variant.split(", ")))
+    have = _labels(winner.variant)
     want = have ^ {label}
     other = next((c for c in result.candidates if c.engine == winner.engine and c.layout.structure() ==
-                  winner.layout.structure() and set(filter(None, c.variant.split(", "))) == want), None)  # fmt: skip
+                  winner.layout.structure() and _labels(c.variant) == want), None)  # fmt: skip
     if other is None:
         return None
     name = label if label not in have else OPPOSITE.get(label, f"without {label}")

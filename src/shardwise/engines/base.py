@@ -30,6 +30,12 @@ class Rejection(Frozen):
     reason: str = Field(description="what is wrong, with the numbers")
     engine_error: str | None = Field(None, description="the error the engine raises")
     source: str = Field(description="engine version and source file of the check")
+    stage: Literal["arguments", "load", "run"] = Field(
+        "arguments",
+        description="when the engine fails: resolving its arguments (before any weight loads), building and "
+        "loading the model, or at its first steps (a kernel or a collective); 'run' failures the engine does "
+        "not report as such (a hang, a wrong answer) carry no engine_error",
+    )
 
 
 class Note(Frozen):
@@ -79,6 +85,7 @@ class Engine(Protocol):
     supports_attention_dp: ClassVar[bool]
     kv_budget: ClassVar[str]  # "of_total" (SGLang mem_fraction_static, vLLM gpu_memory_utilization)
     option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]]  # engine options worth trying per layout
+    memory_fraction_option: ClassVar[str | None]  # the flag whose fraction leaves activations and graphs outside
 
     def resolve(
         self,
@@ -93,6 +100,8 @@ class Engine(Protocol):
     def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]: ...
 
     def launch_command(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[str]: ...
+
+    def launch_commands(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[list[str]]: ...
 
     def setup(
         self,

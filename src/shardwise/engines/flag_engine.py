@@ -31,6 +31,9 @@ class FlagEngine:
     kv_budget: ClassVar[str] = "of_total"
     # engine options worth trying on every layout: (label, options by canonical name)
     option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
+    # the option (canonical name) whose fraction of GPU memory holds weights and KV, with activations and CUDA
+    # graphs outside it, so a search may raise it up to what the memory model says leaves them room
+    memory_fraction_option: ClassVar[str | None] = None
 
     # --- what each engine supplies ----------------------------------------------------------------------
 
@@ -152,10 +155,28 @@ class FlagEngine:
             found.append(setup)
         return found
 
+    def node_options(self, given: dict[str, Any], rank: int) -> dict[str, Any]:
+        """The options of node `rank` of a multi-node launch (the engine's rank flag, and what else differs)."""
+        return {**given, "node_rank": rank}
+
+    def launch_commands(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[list[str]]:
+        """The commands that start `setup`, one per node (node 0 first), spelled for its engine version."""
+        nodes = setup.flags.get("nnodes", 1)
+        if nodes == 1:
+            return [self._render(setup.given, setup.version, model_ref=model_ref, remote_code=remote_code)]
+        return [
+            self._render(self.node_options(setup.given, rank), setup.version, model_ref=model_ref,
+                         remote_code=remote_code)
+            for rank in range(nodes)
+        ]  # fmt: skip
+
     def launch_command(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[str]:
-        """The command that starts `setup`, spelled for its engine version."""
-        version = Version(setup.version)
-        values = self.render_values(setup.given, version)
+        """The command that starts `setup` (on node 0 of a multi-node launch), spelled for its engine version."""
+        return self.launch_commands(setup, model_ref=model_ref, remote_code=remote_code)[0]
+
+    def _render(self, given: dict[str, Any], version_text: str, *, model_ref: str, remote_code: bool) -> list[str]:
+        version = Version(version_text)
+        values = self.render_values(given, version)
         if remote_code:
             values["trust_remote_code"] = True
         return render_command(flag_table(self.name), version, model_ref=model_ref, values=values)

@@ -8,6 +8,7 @@ fail exactly where the engine's parser fails, with the same message.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from functools import cache
 from importlib import resources
@@ -21,7 +22,33 @@ from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 
-_TYPES = {"int": int, "float": float, "str": str}
+
+def human_readable_int(value: str) -> int:
+    """vLLM's integer reader (utils/argparse_utils.py): '32k' = 32,000, '32K' = 32,768, '25.6k' = 25,600; decimals
+    only with the decimal suffixes. The name is vLLM's: argparse puts it in its error message."""
+    value = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if not match:
+        return int(value)
+    number, suffix = match.groups()
+    if suffix in "kmgt":
+        return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
+    try:
+        return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
+            f"{number}{suffix.lower()} instead?"
+        ) from exc
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    """human_readable_int, or -1 for '-1' / 'auto': vLLM then fits --max-model-len to the KV cache."""
+    return -1 if value.strip() == "-1" or value.strip().lower() == "auto" else human_readable_int(value)
+
+
+_TYPES = {"int": int, "float": float, "str": str, "human_int": human_readable_int,
+          "human_int_or_auto": human_readable_int_or_auto}  # fmt: skip
 
 
 class Spelling(Frozen):
@@ -38,7 +65,7 @@ class Spelling(Frozen):
 class Option(Frozen):
     flags: tuple[Spelling | str, ...]
     off_flags: tuple[str, ...] = ()  # spellings that turn a switch off (--no-x, --disable-x)
-    type: Literal["int", "float", "str", "bool", "json"]
+    type: Literal["int", "float", "str", "bool", "json", "human_int", "human_int_or_auto"]
     default: Any = None
     choices: tuple[str, ...] | None = None
     required: bool = False
@@ -55,6 +82,18 @@ class Option(Frozen):
 class OtherFlag(Frozen):
     flags: tuple[str, ...]
     takes: Literal["flag", "value", "values"]
+
+
+class ModelSupport(Frozen):
+    """What one model's implementation in the engine supports (None: not recorded for this architecture)."""
+
+    attention_dp: bool | None = None
+    mla_dcp: bool | None = None
+    vision_config: dict[str, int] | None = Field(
+        None, description="vision-config fields as the engine's class reads them"
+    )
+    mla_default_backend: dict[str, str] | None = Field(None, description="the model's own default, by capability")
+    source: str | None = None
 
 
 class FlagTable(Frozen):
@@ -75,6 +114,21 @@ class FlagTable(Frozen):
     )
     model_flag: str = "--model-path"
     breakable_prefill_multimodal: tuple[str, ...] = ()
+    models: dict[str, ModelSupport] = Field(default_factory=dict, description="support by HF architecture")
+    language_model_only_architectures: tuple[str, ...] = ()
+    mla_default_backend: dict[str, str] = Field(default_factory=dict, description="by compute capability")
+    mla_dcp_backends: tuple[str, ...] = ()
+    mla_dcp_spec_backends: tuple[str, ...] = ()
+
+    def support(self, architecture: str, wrapper: str | None = None) -> ModelSupport:
+        """What the engine's implementation of this model supports: the language model's entry, overridden
+        field by field by its multimodal wrapper's."""
+        merged: dict[str, Any] = {}
+        for name in (architecture, wrapper):
+            entry = self.models.get(name or "")
+            if entry is not None:
+                merged.update(entry.model_dump(exclude_none=True))
+        return ModelSupport(**merged)
 
 
 @cache
@@ -202,5 +256,15 @@ def render_command(table: FlagTable, version: Version, *, model_ref: str, values
     return argv
 
 
+# What a multi-node command says where only the user knows the value: node 0's address (the shell stops with this
+# message while HEAD_IP is unset) and a port (HEAD_PORT, or the default after ':-').
+HEAD_IP = "${HEAD_IP:?set HEAD_IP to the address of node 0}"
+
+
+def head_port(default: int) -> str:
+    return f"${{HEAD_PORT:-{default}}}"
+
+
 def command_text(argv: list[str]) -> str:
-    return shlex.join(argv)
+    """The command as a shell line: tokens with a ${…} placeholder in double quotes, so the shell fills them in."""
+    return " ".join(f'"{token}"' if "${" in token else shlex.quote(token) for token in argv)

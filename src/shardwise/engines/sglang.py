@@ -13,10 +13,10 @@ from packaging.version import Version
 
 from shardwise.engines.base import Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
-from shardwise.engines.flags import flag_table
+from shardwise.engines.flags import HEAD_IP, flag_table, head_port
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.sglang_memory import auto_mem_fraction, prefill_graph_on, vlm_factor
-from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
+from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES, mla_decode_backend
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
@@ -45,6 +45,19 @@ def _attention_dp(f: dict[str, Any], version: Version) -> list[Note]:
             message=f"--dp-size {n} --enable-dp-attention means attention DP {n} inside tp, not {n} replicas"
             + ("; the spelling is deprecated, use --attn-dp-size" if deprecated else ""),
             source=f"sglang {version} arg_groups/parallel_hook.py handle_deprecated_dp_attention",
+        )
+    ]
+
+
+def _dp_lm_head(f: dict[str, Any], version: Version) -> list[Note]:
+    if not f.get("enable_dp_lm_head") or f["attn_dp_size"] > 1:
+        return []
+    f["enable_dp_lm_head"] = False
+    return [
+        Note(
+            kind="rewrite",
+            message="--enable-dp-lm-head is turned off: without attention DP there is one DP rank",
+            source=f"sglang {version} arg_groups/overrides.py _data_parallelism_defaults",
         )
     ]
 
@@ -86,7 +99,9 @@ def _cuda_graph(f: dict[str, Any], tier: dict[str, Any], version: Version) -> li
             )
         )
     f["cuda_graph"] = on
-    if on and f.get("cuda_graph_max_bs") is None:
+    # the decode graph's max batch is sized whether or not graphs run: the attention-DP reserve reads it
+    # (memory_hook.py handle_gpu_memory_settings, reserve_for_graph_mb)
+    if f.get("cuda_graph_max_bs") is None:
         f["cuda_graph_max_bs"] = tier["cuda_graph_max_bs"][0 if f["tp_size"] < 4 else 1]
         if version >= V0523 and f.get("max_running_requests"):
             f["cuda_graph_max_bs"] = min(f["cuda_graph_max_bs"], f["max_running_requests"])
@@ -160,9 +175,10 @@ def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: 
     if f.get("mem_fraction_static") is not None:
         return []
     gpu_mem_mib = cluster.gpu.memory_bytes / 2**20
+    multimodal = model.vision is not None and not f.get("language_model_only")
     fraction, reserved = auto_mem_fraction(f, model=model, gpu_mem_mib=gpu_mem_mib, version=version)
     f["mem_fraction_static"] = fraction
-    vlm = f" × {vlm_factor(model):.2f} for a multimodal model" if model.vision else ""
+    vlm = f" × {vlm_factor(model):.4f} for a multimodal model" if multimodal else ""
     return [
         Note(
             kind="rewrite",
@@ -184,6 +200,7 @@ def effective_flags(
     tier = memory_tier(table.memory_tiers, cluster, version)
     notes = [
         *_attention_dp(f, version),
+        *_dp_lm_head(f, version),
         *_moe_backend(f, version),
         *_cuda_graph(f, tier, version),
         *_scheduling(f, tier, version),
@@ -208,7 +225,7 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
         )
     options = EngineOptions(
         cuda_graph=f["cuda_graph"],
-        cuda_graph_max_bs=f.get("cuda_graph_max_bs"),
+        cuda_graph_max_bs=f["cuda_graph_max_bs"] if f["cuda_graph"] else None,
         two_batch_overlap=bool(f.get("enable_two_batch_overlap")),
         overlap_schedule=not f.get("disable_overlap_schedule") and f["pp_size"] == 1,
         eplb=bool(f.get("enable_eplb")),
@@ -258,6 +275,7 @@ class SGLang(FlagEngine):
         ("CUDA graphs off", {"disable_cuda_graph": True}),
         ("FP8 KV cache", {"kv_cache_dtype": "fp8_e4m3"}),
     )
+    memory_fraction_option: ClassVar[str | None] = "mem_fraction_static"
 
     def effective(
         self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
@@ -316,20 +334,25 @@ class SGLang(FlagEngine):
 
 
 def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
-    """Structural choices, widest stages first: pp, tp (replicas fill the rest), attention DP, EP, dense TP, DCP."""
+    """Structural choices, widest stages first: pp, tp (replicas fill the rest), attention DP, EP, dense TP, DCP;
+    attention DP and DCP only where the model's SGLang implementation has them (data: `models`)."""
     n = cluster.num_gpus
+    support = flag_table("sglang").support(model.architecture, model.wrapper_architecture)
+    dcp_ok = flag_table("sglang").mla_dcp_backends
+    cuda = not cluster.gpu.compute_capability.value.startswith("gfx")
     out = []
     for pp in (p for p in divisors(n) if p <= model.num_layers):
         for tp in sorted(divisors(n // pp), reverse=True):
             replicas = n // (pp * tp)
             if replicas > 1 and cluster.nodes > 1:
                 continue  # replicas are single-node only
-            attn_dps = divisors(tp) if replicas == 1 else [1]
+            attn_dps = divisors(tp) if replicas == 1 and support.attention_dp else [1]
             eps = divisors(tp) if model.moe else [1]
             denses = [None, 1] if model.layer_mlp.count("dense") and tp > 1 else [None]
             for attn_dp, ep, dense in product(attn_dps, eps, denses):
-                dcps = divisors(tp // attn_dp) if model.attention.kind == "mla" else [1]
+                dcps = divisors(tp // attn_dp) if model.attention.kind == "mla" and support.mla_dcp else [1]
                 for dcp in dcps:
+                    backend = mla_decode_backend({}, model, cluster.gpu.compute_capability.value) if dcp > 1 else ""
                     given = {
                         "tp_size": tp,
                         "pp_size": pp,
@@ -339,6 +362,9 @@ def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
                         "moe_dense_tp_size": dense,
                         "dcp_size": dcp,
                         "nnodes": cluster.nodes,
+                        "dist_init_addr": f"{HEAD_IP}:{head_port(50000)}" if cluster.nodes > 1 else None,
+                        # decode CP needs an LSE-returning MLA backend; flashinfer is one wherever it runs
+                        "attention_backend": "flashinfer" if backend and backend not in dcp_ok and cuda else None,
                     }
                     defaults = {
                         "pp_size": 1,
@@ -348,6 +374,8 @@ def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
                         "dcp_size": 1,
                         "nnodes": 1,
                         "moe_dense_tp_size": None,
+                        "dist_init_addr": None,
+                        "attention_backend": None,
                     }
                     out.append({k: v for k, v in given.items() if defaults.get(k, object()) != v})
     return out

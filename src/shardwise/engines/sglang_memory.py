@@ -69,10 +69,14 @@ def graph_reserve_mib(f: dict[str, Any], model: ModelSpec, version: Version) -> 
 
 
 def vlm_factor(model: ModelSpec) -> float:
-    """adjust_mem_fraction_for_vlm: 0.95, scaled by the vision tower's size against a ViT-L/14 (24 × 1024²)."""
+    """adjust_mem_fraction_for_vlm: 0.95, scaled by the vision tower's size against a ViT-L/14 (24 × 1024²).
+    The size is what SGLang's own config class reads: the checkpoint's num_hidden_layers / hidden_size, else the
+    class's defaults (data: `models.*.vision_config`), else getattr's 24 and 1024."""
     if model.vision is None:
         return 1.0
-    layers, hidden = model.vision.hf_num_hidden_layers or 24, model.vision.hf_hidden_size or 1024
+    defaults = flag_table("sglang").support(model.architecture, model.wrapper_architecture).vision_config or {}
+    layers = model.vision.hf_num_hidden_layers or defaults.get("num_hidden_layers", 24)
+    hidden = model.vision.hf_hidden_size or defaults.get("hidden_size", 1024)
     ratio = layers * hidden**2 / (24 * 1024**2)
     return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
@@ -90,4 +94,5 @@ def auto_mem_fraction(
     if f["cuda_graph"] and f["moe_a2a_backend"] == "deepep":
         reserved += 2048  # DeepEP buffers captured in the decode graph
     fraction = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
-    return fraction * vlm_factor(model), reserved
+    multimodal = not f.get("language_model_only")  # the flag loads the language model alone (is_vlm off)
+    return fraction * (vlm_factor(model) if multimodal else 1.0), reserved

@@ -10,6 +10,8 @@ from __future__ import annotations
 from packaging.version import Version
 
 from shardwise.engines.base import Context, Rejection, Rule
+from shardwise.engines.flags import flag_table
+from shardwise.spec.model import ModelSpec
 
 V0523, V0520 = Version("0.5.23"), Version("0.5.20")
 A2A_EP_SPANNING = frozenset(
@@ -76,6 +78,7 @@ def moe_tp_zero(ctx: Context) -> Rejection | None:
     advice = f"; for EP {ep} use --tp-size {fitting[-1]} --ep-size {ep}" if fitting else ""
     return Rejection(
         rule="moe_tp_zero",
+        stage="load",
         reason=(
             f"EP is carved out of tp: moe_tp_size = tp {tp} // ep {ep} // moe_dp {mdp} = {tp // ep // mdp}, "
             f"which SGLang divides by at start-up; this command would also use only "
@@ -95,12 +98,14 @@ def ep_divides_tp(ctx: Context) -> Rejection | None:
     if "routed_experts" in ctx.blocks:
         return Rejection(
             rule="ep_divides_tp",
+            stage="load",
             reason=f"ep {ep} does not divide tp {tp}",
             engine_error=f"ValueError: tp_size {tp} must be divisible by ep_size {ep}",
             source=_src(ctx, "model_runner_components/moe_ep_setup.py check_quantized_moe_compatibility"),
         )
     return Rejection(
         rule="ep_divides_tp",
+        stage="load",
         reason=f"ep {ep} × moe_dp {mdp} does not divide tp {tp}",
         engine_error=(
             "ValueError: parallel topology is inconsistent (set by publish): tp_size == "
@@ -126,27 +131,29 @@ def replicas_with_attn_dp(ctx: Context) -> Rejection | None:
 
 
 def moe_dp_rules(ctx: Context) -> Rejection | None:
+    """handle_moe_data_parallelism's asserts, in their order (0.5.23 arg_groups/parallel_hook.py)."""
     f = ctx.flags
-    tp, mdp, ep = f["tp_size"], f["moe_dp_size"], f["ep_size"]
+    tp, mdp, ep, cp = f["tp_size"], f["moe_dp_size"], f["ep_size"], f["attn_cp_size"]
     if mdp == 1:
         return None
-    problems = []
-    if tp % mdp:
-        problems.append(f"moe_dp {mdp} does not divide tp {tp}")
-    if f["pp_size"] > 1:
-        problems.append("MoE DP does not work with pipeline parallelism")
-    if ep > 1 and ep * mdp != tp:
-        problems.append(f"with EP, ep × moe_dp must equal tp ({ep} × {mdp} ≠ {tp})")
-    if f["attn_cp_size"] not in (1, mdp):
-        problems.append("attention CP must be 1 or equal to moe_dp")
-    if not problems:
-        return None
-    return Rejection(
-        rule="moe_dp",
-        reason="; ".join(problems),
-        engine_error="ValueError",
-        source=_src(ctx, "arg_groups/parallel_hook.py handle_moe_data_parallelism"),
-    )
+    checks = [
+        (tp % mdp, f"moe_dp {mdp} does not divide tp {tp}", "tp_size must be divisible by moe_dp_size"),
+        (f["pp_size"] > 1, "MoE DP does not work with pipeline parallelism",
+         "PP is not supported with context parallelism"),
+        (ep > 1 and ep * mdp != tp, f"with EP, ep × moe_dp must equal tp ({ep} × {mdp} ≠ {tp})",
+         "ep_size * moe_dp_size must be equal to tp_size"),
+        (cp != mdp, f"attention CP {cp} must equal moe_dp {mdp} (add --attn-cp-size {mdp})",
+         "attn_cp_size != moe_dp_size is only supported when moe_dp_size == 1"),
+    ]  # fmt: skip
+    for failed, reason, message in checks:
+        if failed:
+            return Rejection(
+                rule="moe_dp",
+                reason=reason,
+                engine_error=f"AssertionError: {message}",
+                source=_src(ctx, "arg_groups/parallel_hook.py handle_moe_data_parallelism"),
+            )
+    return None
 
 
 def heads_split(ctx: Context) -> Rejection | None:
@@ -156,6 +163,7 @@ def heads_split(ctx: Context) -> Rejection | None:
     if att.num_heads % a_tp:
         return Rejection(
             rule="heads_split",
+            stage="load",
             reason=f"{att.num_heads} attention heads do not split over attention TP {a_tp}",
             engine_error="AssertionError: assert num_heads % attn_tp_size == 0",
             source=_src(
@@ -169,6 +177,7 @@ def heads_split(ctx: Context) -> Rejection | None:
     if att.kind == "gqa" and (kv % a_tp if kv >= a_tp else a_tp % kv):
         return Rejection(
             rule="kv_heads_split",
+            stage="load",
             reason=f"{kv} KV heads neither split over nor replicate onto attention TP {a_tp}",
             engine_error="AssertionError",
             source=_src(ctx, "models/llama.py LlamaAttention.__init__"),
@@ -182,6 +191,7 @@ def tp_exceeds_experts(ctx: Context) -> Rejection | None:
         return None
     return Rejection(
         rule="tp_exceeds_experts",
+        stage="load",
         reason=f"tp {tp} is larger than the {moe.num_experts} routed experts",
         engine_error=f"ValueError: Tensor parallel size {tp} is greater than the number of experts {moe.num_experts}.",
         source=_src(ctx, "models/deepseek_v2.py DeepseekV2MoE.__init__"),
@@ -197,6 +207,7 @@ def experts_split_evenly(ctx: Context) -> Rejection | None:
         return None
     return Rejection(
         rule="experts_split_evenly",
+        stage="load",
         reason=f"{slots} expert slots do not split evenly over EP {ep}",
         engine_error="AssertionError: assert self._num_global_routed % storage_ep_size == 0",
         source=_src(ctx, "layers/moe/fused_moe_triton/layer.py"),
@@ -216,6 +227,7 @@ def partitions_fit_blocks(ctx: Context) -> Rejection | None:
         if role == "routed_experts" and block > 1:
             return Rejection(
                 rule="moe_tp_width",
+                stage="load",
                 reason=f"moe_intermediate_size {width} / moe_tp {ways} is not a "
                 f"multiple of the {block}-wide quantization block",
                 engine_error=(
@@ -227,12 +239,14 @@ def partitions_fit_blocks(ctx: Context) -> Rejection | None:
         if role == "routed_experts":
             return Rejection(
                 rule="moe_tp_width",
+                stage="load",
                 reason=f"moe_intermediate_size {width} does not split over moe_tp {ways}",
                 engine_error="AssertionError: assert intermediate_size % self.moe_tp_size == 0",
                 source=_src(ctx, "layers/moe/fused_moe_triton/layer.py"),
             )
         return Rejection(
             rule="partition_block",
+            stage="load",
             reason=f"{label}: {width} / {ways} is not a multiple of the {block}-wide FP8 block",
             engine_error=(
                 f"ValueError: Weight output_partition_size = {width / ways:g} is not divisible by "
@@ -272,21 +286,45 @@ def _partitions(ctx: Context) -> list[tuple[str, int, int, str]]:
 
 
 def multi_node(ctx: Context) -> Rejection | None:
+    """check_server_args' node asserts, then what makes the nodes find each other (the engine does not check it:
+    without it they wait)."""
     f = ctx.flags
     nnodes = f["nnodes"]
-    if nnodes > 1 and (f["tp_size"] * f["pp_size"]) % nnodes:
+    if nnodes == 1:
+        return None
+    src = _src(ctx, "arg_groups/validation_hook.py check_server_args")
+    if (f["tp_size"] * f["pp_size"]) % nnodes:
         return Rejection(
             rule="multi_node_split",
             reason=f"tp × pp = {f['tp_size'] * f['pp_size']} GPUs do not split over {nnodes} nodes",
-            engine_error=None,
-            source=_src(ctx, "arg_groups/validation_hook.py check_server_args"),
+            engine_error="AssertionError: tp_size must be divisible by number of nodes",
+            source=src,
         )
-    if nnodes > 1 and f["dp_size"] > 1:
+    if f["dp_size"] > 1:
         return Rejection(
             rule="multi_node_replicas",
             reason="data-parallel replicas are single-node only",
-            engine_error="multi-node data-parallel replicas are not supported; use attention DP",
-            source=_src(ctx, "arg_groups/validation_hook.py check_server_args"),
+            engine_error="AssertionError: multi-node data-parallel replicas are not supported; use attention DP "
+            "(--attn-dp-size) across nodes",
+            source=src,
+        )
+    if not f.get("dist_init_addr"):
+        return Rejection(
+            rule="multi_node_address",
+            stage="run",
+            reason=f"--nnodes {nnodes} without --dist-init-addr: each node would set up its own group on "
+            "127.0.0.1 and wait for the others; give every node --dist-init-addr <node 0's address>:<port> and "
+            "its own --node-rank",
+            engine_error=None,
+            source=_src(ctx, "server_args.py PortArgs.init_new (dist_init_addr)"),
+        )
+    if not 0 <= f["node_rank"] < nnodes:
+        return Rejection(
+            rule="multi_node_rank",
+            stage="run",
+            reason=f"--node-rank {f['node_rank']} is not one of 0…{nnodes - 1}",
+            engine_error=None,
+            source=_src(ctx, "entrypoints/engine.py (GPU ranks from node_rank)"),
         )
     return None
 
@@ -313,6 +351,7 @@ def dcp_rules(ctx: Context) -> Rejection | None:
     if f["tp_size"] % dcp:
         return Rejection(
             rule="dcp_divides_tp",
+            stage="load",
             reason=f"decode CP {dcp} does not divide tp {f['tp_size']}",
             engine_error="AssertionError",
             source=_src(ctx, "distributed/parallel_state.py initialize_model_parallel"),
@@ -325,6 +364,81 @@ def dcp_rules(ctx: Context) -> Rejection | None:
             source=_src(ctx, "arg_groups/parallel_hook.py"),
         )
     return None
+
+
+def deepep_link(ctx: Context) -> Rejection | None:
+    """DeepEP's normal (high-throughput) kernels move tokens between the GPUs of a node over NVLink only; its
+    low-latency kernels do not need it. SGLang's deepep_mode auto runs normal kernels for prefill."""
+    f = ctx.flags
+    if not f["moe_a2a_backend"].startswith("deepep") or ctx.cluster.intra.link.kind == "nvlink":
+        return None
+    if f["deepep_mode"] == "low_latency":
+        return None  # works, slower than NCCL on PCIe: a warning (see notes)
+    return Rejection(
+        rule="deepep_needs_nvlink",
+        stage="run",
+        reason=f"DeepEP's normal-mode kernels (deepep_mode {f['deepep_mode']}: used for prefill) need NVLink "
+        f"between the GPUs of a node; this box links them by {ctx.cluster.intra.link.display_name}. Use the "
+        "default all-reduce MoE path, or --deepep-mode low_latency (it runs without NVLink, and measured no faster "
+        "than NCCL on PCIe)",
+        engine_error=None,
+        source="DeepEP maintainers, deepseek-ai/DeepEP issues #216 and #162 (normal mode: NVLink is a must)",
+    )
+
+
+def mla_decode_backend(flags: dict, model: ModelSpec, capability: str) -> str:
+    """The MLA decode attention backend SGLang runs: the one given, else the model's or the platform's default."""
+    given = flags.get("decode_attention_backend") or flags.get("attention_backend")
+    if given:
+        return given
+    table = flag_table("sglang")
+    own = table.support(model.architecture, model.wrapper_architecture).mla_default_backend or {}
+    defaults = {**table.mla_default_backend, **own}
+    if capability.startswith("gfx"):
+        return defaults["rocm"]
+    return defaults.get(capability, defaults["other"])
+
+
+def dcp_backend(ctx: Context) -> Rejection | None:
+    """MLA decode CP needs a decode backend that returns the LSE of its partial attention (data:
+    mla_dcp_backends); with speculative decoding the target-verify step needs it too."""
+    f, model = ctx.flags, ctx.model
+    if f["dcp_size"] == 1 or model.attention.kind != "mla":
+        return None
+    table = flag_table("sglang")
+    backend = mla_decode_backend(f, model, ctx.cluster.gpu.compute_capability.value)
+    spec = f.get("speculative_algorithm")
+    if spec and backend == "trtllm_mla":
+        return Rejection(
+            rule="dcp_spec_backend",
+            stage="load",
+            reason="decode CP with speculative decoding cannot run on trtllm_mla (no DCP metadata to its decode "
+            "kernel, no rank-local LSE); only cutedsl_mla (SM100) serves it",
+            engine_error="ValueError: trtllm_mla cannot serve decode context parallelism with speculative decoding: "
+            "it does not forward the cyclic DCP metadata to its decode kernel and returns no rank-local LSE for "
+            "the cross-rank merge. Select cutedsl_mla.",
+            source=_src(ctx, "layers/attention/attention_registry.py create_trtllm_mla_backend"),
+        )
+    allowed = table.mla_dcp_spec_backends if spec else table.mla_dcp_backends
+    if backend in allowed:
+        return None
+    if spec:
+        reason = (f"decode CP with speculative decoding needs the LSE in target-verify steps too; the {backend} "
+                  f"backend does not return it there, and only {', '.join(allowed)} (SM100) does")  # fmt: skip
+    else:
+        default = "" if f.get("attention_backend") or f.get("decode_attention_backend") else " (the default here)"
+        fix = ("no MLA backend with the DCP path is known on ROCm" if ctx.cluster.gpu.compute_capability.value
+               .startswith("gfx") else "add --attention-backend flashinfer")  # fmt: skip
+        reason = (f"decode CP merges each rank's partial MLA attention by its LSE, which the {backend} decode "
+                  f"backend{default} does not return: the first decode step (CUDA-graph capture) fails; "
+                  f"{fix}")  # fmt: skip
+    return Rejection(
+        rule="dcp_attention_backend",
+        stage="run",
+        reason=reason,
+        engine_error=None,
+        source=_src(ctx, "models/deepseek_common/attention_forward_methods/forward_mla.py forward_absorb_core"),
+    )
 
 
 def chunk_fits_pages(ctx: Context) -> Rejection | None:
@@ -382,12 +496,6 @@ def feature_combinations(ctx: Context) -> Rejection | None:
             "ValueError",
         ),
         (
-            f.get("enable_dp_lm_head") and f["attn_dp_size"] == 1,
-            "dp_lm_head_needs_attn_dp",
-            "--enable-dp-lm-head needs attention DP",
-            "ValueError",
-        ),
-        (
             f["moe_a2a_backend"] == "flashinfer_megamoe" and f["attn_dp_size"] != f["tp_size"],
             "megamoe_needs_full_dp",
             "flashinfer_megamoe needs attention DP equal to tp",
@@ -422,10 +530,46 @@ def mtp_needs_draft(ctx: Context) -> Rejection | None:
         return None  # the checkpoint's own MTP layers are the draft
     return Rejection(
         rule="mtp_needs_draft",
+        stage="load",
         reason=f"{ctx.model.name} has no MTP layers "
         "(num_nextn_predict_layers = 0); give --speculative-draft-model-path (an EAGLE/EAGLE3 draft)",
         engine_error=None,
         source=_src(ctx, "speculative/spec_info.py"),
+    )
+
+
+def attention_dp_support(ctx: Context) -> Rejection | None:
+    """Attention DP needs a model whose attention splits heads over the attention-TP group (data: `models`)."""
+    if ctx.flags["attn_dp_size"] == 1:
+        return None
+    model = ctx.model
+    support = flag_table("sglang").support(model.architecture, model.wrapper_architecture)
+    if support.attention_dp is not False:
+        return None
+    return Rejection(
+        rule="attention_dp_unsupported",
+        stage="run",
+        reason=f"SGLang's {model.architecture} has no attention-DP path: its attention splits heads over the "
+        "whole TP group, so attention-DP ranks would all-reduce different batches; SGLang does not refuse it at "
+        "start-up, but it cannot serve correctly. Use --tp-size alone, or --dp-size for replicas",
+        engine_error=None,
+        source=_src(ctx, support.source or "models/"),
+    )
+
+
+def language_model_only(ctx: Context) -> Rejection | None:
+    if not ctx.flags.get("language_model_only"):
+        return None
+    model = ctx.model
+    allowed = flag_table("sglang").language_model_only_architectures
+    architectures = [model.wrapper_architecture or model.architecture]
+    if architectures[0] in allowed:
+        return None
+    return Rejection(
+        rule="language_model_only",
+        reason=f"--language-model-only is accepted only for {', '.join(allowed)}",
+        engine_error=f"ValueError: --language-model-only does not support {architectures}. Supported: {list(allowed)}.",
+        source=_src(ctx, "arg_groups/model_hook.py handle_language_model_only"),
     )
 
 
@@ -436,6 +580,7 @@ def enough_gpus(ctx: Context) -> Rejection | None:
         return None
     return Rejection(
         rule="not_enough_gpus",
+        stage="load",
         reason=f"needs dp × tp × pp = {needed} GPUs; {ctx.gpus_available} are available",
         engine_error="RuntimeError: CUDA error: invalid device ordinal",
         source=_src(ctx, "entrypoints/engine.py (scheduler processes on base_gpu_id + tp_rank)"),
@@ -456,9 +601,13 @@ RULES: list[Rule] = [
     multi_node,
     moe_dense_tp,
     dcp_rules,
+    dcp_backend,
+    deepep_link,
     chunk_fits_pages,
     pipeline_exclusions,
     feature_combinations,
     mtp_needs_draft,
+    attention_dp_support,
+    language_model_only,
     enough_gpus,
 ]

@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from shardwise.engines.base import Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
-from shardwise.engines.flags import EngineArgError, flag_table
+from shardwise.engines.flags import HEAD_IP, EngineArgError, flag_table
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.vllm_rules import RULES, gpus_used
 from shardwise.spec.cluster import ClusterSpec
@@ -48,6 +48,14 @@ def effective_flags(
         tier = table.memory_tiers[0]  # these GPUs keep the small defaults
     f.setdefault("max_num_seqs", tier["max_num_seqs"])
     f.setdefault("max_num_batched_tokens", tier["max_num_batched_tokens"])
+    if f.get("max_model_len") == -1:
+        notes.append(
+            Note(
+                kind="rewrite",
+                message="--max-model-len auto (-1): vLLM fits the longest request to what the KV cache holds",
+                source=f"vllm {version} config/model.py _get_and_verify_max_len",
+            )
+        )
     f["cuda_graph"] = not f.get("enforce_eager")
     datacenter_blackwell = cluster.gpu.compute_capability.value in ("10.0", "10.3")
     f["cuda_graph_max_bs"] = min(f["max_num_seqs"] * 2, 1024 if datacenter_blackwell else 512)
@@ -86,7 +94,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         memory_fraction=f["gpu_memory_utilization"],
         memory_fraction_of="total",
         activations_in_budget=True,
-        max_model_len=f.get("max_model_len") or model.max_position_embeddings,
+        max_model_len=None if f.get("max_model_len") == -1 else f.get("max_model_len") or model.max_position_embeddings,
         page_size=f.get("block_size"),
         spec=spec,
         scheduler=SchedulerPolicy(**flag_table("vllm").scheduler),
@@ -137,6 +145,14 @@ class VLLM(FlagEngine):
     def gpus_used(self, flags: dict[str, Any]) -> int:
         return gpus_used(flags)
 
+    def nodes(self, flags: dict[str, Any], cluster: ClusterSpec) -> int:
+        """Nodes one launch reaches: --nnodes, or the whole Ray cluster with the Ray executor."""
+        return cluster.nodes if flags.get("distributed_executor_backend") == "ray" else flags["nnodes"]
+
+    def node_options(self, given: dict[str, Any], rank: int) -> dict[str, Any]:
+        """Node 0 serves the API; the others run the same command --headless (entrypoints/cli/serve.py)."""
+        return {**given, "node_rank": rank, **({"headless": True} if rank else {})}
+
     def read(self, given: dict[str, Any]) -> dict[str, Any]:
         for name in ("speculative_config", "eplb_config"):
             if name in given:
@@ -174,6 +190,8 @@ class VLLM(FlagEngine):
                     given: dict[str, Any] = {k: val for k, val in sizes.items() if val > 1}
                     if ep:
                         given["enable_expert_parallel"] = True
+                    if cluster.nodes > 1:
+                        given.update(nnodes=cluster.nodes, master_addr=HEAD_IP)
                     out.append(given)
         return out
 

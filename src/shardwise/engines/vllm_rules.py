@@ -44,6 +44,7 @@ def kv_heads_split(ctx: Context) -> Rejection | None:
         return None
     return Rejection(
         rule="kv_heads_split",
+        stage="load",
         reason=f"{kv} KV heads neither split over nor replicate onto tp {tp}",
         engine_error="AssertionError: not divisible",
         source=_src(ctx, "model_executor/layers/linear.py QKVParallelLinear"),
@@ -92,6 +93,7 @@ def eplb_rules(ctx: Context) -> Rejection | None:
     elif f.get("enable_eplb") and moe and (moe.num_experts + redundant) % moe_world(f):
         return Rejection(
             rule="eplb_even",
+            stage="load",
             reason=f"{moe.num_experts + redundant} experts do not split evenly over EP {moe_world(f)}",
             engine_error="ValueError: EPLB currently only supports even distribution of experts across ranks.",
             source=_src(ctx, "model_executor/layers/fused_moe/layer.py"),
@@ -125,6 +127,7 @@ def partitions(ctx: Context) -> Rejection | None:
             )
             return Rejection(
                 rule="partition",
+                stage="load",
                 reason=f"{role.replace('_', ' ')}: width {width} over {ways} GPUs"
                 + (f" is not a whole number of {block}-wide FP8 blocks" if block > 1 else " is not whole"),
                 engine_error=error,
@@ -143,6 +146,82 @@ def memory_utilization(ctx: Context) -> Rejection | None:
         engine_error="pydantic ValidationError: gpu_memory_utilization",
         source=_src(ctx, "config/cache.py"),
     )
+
+
+def deepep_link(ctx: Context) -> Rejection | None:
+    """DeepEP's high-throughput (normal) kernels need NVLink inside a node; low-latency ones do not."""
+    backend = ctx.flags["all2all_backend"]
+    if not ctx.flags.get("enable_expert_parallel") or backend != "deepep_high_throughput":
+        return None
+    if ctx.cluster.intra.link.kind == "nvlink":
+        return None
+    return Rejection(
+        rule="deepep_needs_nvlink",
+        stage="run",
+        reason=f"DeepEP's high-throughput kernels need NVLink between the GPUs of a node; this box links them by "
+        f"{ctx.cluster.intra.link.display_name}. Use allgather_reducescatter, or deepep_low_latency (it runs "
+        "without NVLink, and measured no faster than NCCL on PCIe)",
+        engine_error=None,
+        source="DeepEP maintainers, deepseek-ai/DeepEP issues #216 and #162 (normal mode: NVLink is a must)",
+    )
+
+
+def dbo_backend(ctx: Context) -> Rejection | None:
+    """Dual-batch overlap splits the batch around a DeepEP / NIXL EP all-to-all (CUDA)."""
+    f = ctx.flags
+    supported = ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")  # on CUDA
+    backend = f["all2all_backend"]
+    if not f.get("enable_dbo") or backend in supported:
+        return None
+    return Rejection(
+        rule="dbo_backend",
+        reason=f"--enable-dbo splits the batch around a DeepEP or NIXL EP all-to-all; --all2all-backend is {backend}",
+        engine_error="AssertionError: Microbatching currently only supports the "
+        f"{', '.join(supported)} all2all backends on this platform. {backend} is not supported. To fix use one of "
+        f"{', '.join('--all2all-backend=' + b for b in supported)} and install the matching kernels.",
+        source=_src(ctx, "config/vllm.py VllmConfig.__post_init__"),
+    )
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def multi_node(ctx: Context) -> Rejection | None:
+    """create_engine_config's checks of --nnodes / --node-rank (0.33 engine/arg_utils.py), then the address: with
+    the default 127.0.0.1 the other nodes never reach node 0."""
+    f = ctx.flags
+    nodes, rank = f["nnodes"], f["node_rank"]
+    if nodes == 1:
+        return None
+    world = gpus_used(f)
+    checks = [
+        (f["data_parallel_backend"] != "mp", f"--nnodes {nodes} needs the mp data-parallel backend",
+         f"`--nnodes {nodes}` requires `--data-parallel-backend mp`; got `--data-parallel-backend "
+         f"{f['data_parallel_backend']}`. Use the MP backend or set `--nnodes 1`."),
+        (world % nodes != 0, f"{nodes} nodes do not split the {world} GPUs evenly",
+         f"`--nnodes {nodes}` must evenly divide the total world size ({world}). Adjust `--nnodes`, "
+         "`--data-parallel-size`, `--pipeline-parallel-size`, `--tensor-parallel-size`, or "
+         "`--prefill-context-parallel-size`."),
+        (not 0 <= rank < nodes, f"--node-rank {rank} is not one of 0…{nodes - 1}",
+         f"`--node-rank` must be between 0 and {nodes - 1}; got `--node-rank {rank}`. Set it to this node's "
+         "zero-based index."),
+    ]  # fmt: skip
+    for failed, reason, message in checks:
+        if failed:
+            return Rejection(rule="multi_node", reason=reason,
+                             engine_error=f"ValueError: Invalid data-parallel launch options: {message}",
+                             source=_src(ctx, "engine/arg_utils.py create_engine_config"))  # fmt: skip
+    if f["master_addr"] in LOOPBACK:
+        return Rejection(
+            rule="multi_node_address",
+            stage="run",
+            reason=f"--nnodes {nodes} without --master-addr: every node would look for node 0 at "
+            f"{f['master_addr']} and wait; give each node --master-addr <node 0's address> and its --node-rank, "
+            "and --headless on the nodes after the first",
+            engine_error=None,
+            source=_src(ctx, "config/parallel.py ParallelConfig.master_addr"),
+        )
+    return None
 
 
 def enough_gpus(ctx: Context) -> Rejection | None:
@@ -165,5 +244,8 @@ RULES: list[Rule] = [
     eplb_rules,
     partitions,
     memory_utilization,
+    deepep_link,
+    dbo_backend,
+    multi_node,
     enough_gpus,
 ]

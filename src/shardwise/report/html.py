@@ -131,7 +131,7 @@ def theory_html(t: Theory, *, top: int) -> str:
                                                       for e in tried]))  # fmt: skip
     if t.verify:
         out.append("<h2>Start it and check it</h2><pre>")
-        out += [html.escape(command_text(list(cmd))) for cmd in t.verify]
+        out += [html.escape(line) for line in t.verify_lines()]
         out.append("</pre>")
     body = "\n".join(out)
     title = html.escape(headline(t))

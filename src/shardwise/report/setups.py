@@ -58,7 +58,7 @@ def layout_payload(layout: Layout, model: ModelSpec) -> dict[str, Any]:
 def check_payload(
     setup: Setup,
     model: ModelSpec,
-    launch: list[str] | None,
+    launch: list[list[str]] | None,
     memory: MemoryLedger | None = None,
     *,
     isl: int = 1024,
@@ -82,7 +82,8 @@ def check_payload(
         "given_flags": setup.given,
         "effective_flags": setup.flags,
         "layout": layout_payload(setup.layout, model) if setup.layout else None,
-        "launch_command": command_text(launch) if launch else None,
+        "launch_command": command_text(launch[0]) if launch else None,
+        "launch_per_node": [command_text(c) for c in launch] if launch else None,
         "memory": memory_payload(memory, isl=isl, osl=osl) if memory else None,
     }
 
@@ -205,7 +206,7 @@ def _collectives_table(layout: Layout, model: ModelSpec) -> Table:
 
 
 def layouts_payload(
-    rows: list[tuple[Setup, list[str], MemoryLedger]], model: ModelSpec, *, isl: int, osl: int
+    rows: list[tuple[Setup, list[list[str]], MemoryLedger]], model: ModelSpec, *, isl: int, osl: int
 ) -> list[dict[str, Any]]:
     return [
         {
@@ -213,11 +214,12 @@ def layouts_payload(
             "version": s.version,
             "verdict": verdict(s, memory),
             "layout": layout_payload(s.layout, model) if s.layout else None,
-            "launch_command": command_text(cmd),
+            "launch_command": command_text(cmds[0]),
+            "launch_per_node": [command_text(c) for c in cmds],
             "notes": [n.message for n in s.notes],
             "memory": memory_payload(memory, isl=isl, osl=osl),
         }
-        for s, cmd, memory in rows
+        for s, cmds, memory in rows
     ]
 
 
@@ -231,7 +233,18 @@ def _common_ends(commands: list[list[str]]) -> tuple[int, int]:
     return head, tail
 
 
-def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: str, isl: int, osl: int) -> Group:
+def _other_nodes(commands: list[list[str]]) -> str:
+    """Where node 1 and later differ from node 0's command, in words."""
+    first, second = commands[0], commands[1]
+    rank_value = second.index("--node-rank") + 1
+    extra = [t for i, t in enumerate(second) if t not in first and i != rank_value]
+    who = "on node 1" if len(commands) == 2 else f"on node N (1…{len(commands) - 1})"
+    rank = "--node-rank 1" if len(commands) == 2 else "--node-rank N"
+    return f"{who} run the same with {' '.join([rank, *extra])}"
+
+
+def layouts_table(rows: list[tuple[Setup, list[list[str]], MemoryLedger]], *, title: str, isl: int,
+                  osl: int) -> Group:  # fmt: skip
     table = Table(title_justify="left")
     columns = (
         "#",
@@ -248,9 +261,10 @@ def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: s
     for col in columns:
         right = col in ("#", "PP", "copies", "KV tokens") or col.startswith("fit")
         table.add_column(col, justify="right" if right else "left", overflow="fold")
-    commands = [cmd for _, cmd, _ in rows]
+    commands = [cmds[0] for _, cmds, _ in rows]
     head, tail = _common_ends(commands) if commands else (0, 0)
-    for i, (setup, cmd, memory) in enumerate(rows, 1):
+    for i, (setup, cmds, memory) in enumerate(rows, 1):
+        cmd = cmds[0]
         lay = setup.layout
         assert lay is not None
         fits = memory.verdict == "ok"
@@ -270,4 +284,8 @@ def layouts_table(rows: list[tuple[Setup, list[str], MemoryLedger]], *, title: s
     if commands:
         sample = commands[0]
         launch = f"launch: {command_text(sample[:head])} FLAGS {command_text(sample[len(sample) - tail :])}".rstrip()
+        nodes = rows[0][1]
+        if len(nodes) > 1:
+            launch += (f"\n  that is node 0's command; {_other_nodes(nodes)}; set HEAD_IP to node 0's address "
+                       "on every node")  # fmt: skip
     return Group(Text(title), Text(launch, style="dim"), table)

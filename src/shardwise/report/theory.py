@@ -132,7 +132,7 @@ def theory_view(t: Theory, *, top: int) -> Group:
     parts.append(_excluded_table(t))
     if t.verify:
         parts.append(Text("Start it and check it:", style="bold"))
-        parts += [Text("  " + command_text(list(cmd))) for cmd in t.verify]
+        parts += [Text("  " + line) for line in t.verify_lines()]
     return Group(*parts)
 
 
@@ -205,6 +205,7 @@ def _candidate_payload(c: Candidate, isl: int, osl: int) -> dict[str, Any]:
         "layout": c.layout.describe(),
         "variant": c.variant or None,
         "launch": list(c.launch),
+        "launch_per_node": [list(cmd) for cmd in c.launches],
         "gpus": c.gpus,
         "kv_tokens": c.memory.kv_tokens_total,
         "max_concurrency": c.memory.max_concurrency(isl=isl, osl=osl),
@@ -326,7 +327,7 @@ def theory_markdown(t: Theory, *, top: int) -> str:
     out += [f"## Excluded ({_excluded_counts(t) or 'nothing'})", "", _md_table(
         ["command", "verdict", "why"], [[f"`{_short(c)}`", v, w] for c, v, w in _excluded_rows(t)]), ""]  # fmt: skip
     if t.verify:
-        out += ["## Start it and check it", "", "```sh", *[command_text(list(c)) for c in t.verify], "```", ""]
+        out += ["## Start it and check it", "", "```sh", *t.verify_lines(), "```", ""]
     out.append(f"Parts of a token's time: {', '.join(f'{k} = {PART_NAMES[k]}' for k in PART_LABELS)}. "
                f"{len(r.candidates)} setups predicted.")  # fmt: skip
     return "\n".join(out) + "\n"
