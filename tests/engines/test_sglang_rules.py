@@ -273,3 +273,32 @@ def test_versions_outside_the_checked_range_are_flagged():
     assert not [n for n in resolve("--tp 8").notes if "outside the releases" in n.message]
     old = resolve("--tp 8", version="0.4.10")
     assert any("outside the releases these rules were read from (0.5.9 to 0.5.23)" in n.message for n in old.notes)
+
+
+@pytest.mark.parametrize("cluster", ["8xrtx-pro-6000", "8xh100", "8xb200", "2x8xh100"])
+def test_every_emitted_dcp_layout_has_a_backend_with_the_dcp_path(cluster):
+    """forward_mla.py merges DCP partial outputs by their LSE: every DCP command shardwise emits runs an MLA decode
+    backend that returns it (flashinfer added where the platform's default does not: triton on SM120, fa3 on
+    Hopper; SM100's defaults have the path)."""
+    from shardwise.engines.flags import flag_table
+    from shardwise.engines.sglang_rules import mla_decode_backend
+
+    model, box = load_model("kimi-k2.6"), load_cluster(cluster)
+    dcp = [s for s in SGLANG.enumerate(model, box) if s.flags["dcp_size"] > 1]
+    assert dcp
+    capability = box.gpu.compute_capability.value
+    assert all(mla_decode_backend(s.flags, model, capability) in flag_table("sglang").mla_dcp_backends for s in dcp)
+    added = {s.given.get("attention_backend") for s in dcp}
+    assert added == ({None} if capability.startswith("10.") else {"flashinfer"})
+
+
+def test_multi_node_commands_one_per_node():
+    """Every node runs the same command with its own --node-rank and node 0's address (dist_init_addr)."""
+    model, box = load_model("deepseek-v3"), load_cluster("2x8xh100")
+    setup = next(s for s in SGLANG.enumerate(model, box) if s.layout.describe() == "TP16")
+    commands = SGLANG.launch_commands(setup, model_ref="deepseek-ai/DeepSeek-V3")
+    assert [c[c.index("--node-rank") + 1] for c in commands] == ["0", "1"]
+    for command in commands:
+        address = command[command.index("--dist-init-addr") + 1]
+        assert address.startswith("${HEAD_IP:?") and address.endswith(":${HEAD_PORT:-50000}")
+        assert SGLANG.resolve(command[3:], model=model, cluster=box).valid  # check takes each node's command

@@ -125,3 +125,76 @@ def test_model_found_from_the_command_and_the_api_server_launcher():
     assert checked.model.name == "kimi-k2.6" and checked.setup.valid
     served = check_command("vllm serve Qwen/Qwen3-235B-A22B -tp 8 -ep", cluster=load_cluster("8xh200"))
     assert served.model.name == "qwen3-235b-a22b" and served.setup.layout.moe_ep == 8
+
+
+def test_gqa_decode_cp_as_vllm_refuses_it():
+    """config/model.py verify_with_parallel_config: tp above the KV heads, dcp ≤ tp / KV heads, and the query
+    heads of each KV head divisible by dcp (Llama-3.1-70B: 64 query heads, 8 KV heads)."""
+    low = resolve("-tp 8 -dcp 2", model="llama-3.1-70b", cluster="8xh100")
+    assert "greater than the model's total number of KV heads (8)" in low.rejections[0].engine_error
+    nodes = "--nnodes 2 --master-addr 10.0.0.1"
+    assert resolve(f"-tp 16 -dcp 2 {nodes}", model="llama-3.1-70b", cluster="2x8xh100").valid
+    too_wide = resolve(f"-tp 16 -dcp 4 {nodes}", model="llama-3.1-70b", cluster="2x8xh100")
+    assert "exceeds the maximum supported value (2)" in too_wide.rejections[0].engine_error
+
+
+def test_human_readable_lengths():
+    """utils/argparse_utils.py: k = 1000, K = 1024, auto / -1 fit the length to the KV cache."""
+    assert resolve("-tp 8 --max-model-len 32k").layout.options.max_model_len == 32_000
+    assert resolve("-tp 8 --max-model-len 32K").layout.options.max_model_len == 32_768
+    for auto in ("auto", "-1"):
+        fitted = resolve(f"-tp 8 --max-model-len={auto}")
+        assert fitted.valid and fitted.layout.options.max_model_len is None
+    assert "Decimals are not allowed" in resolve("-tp 8 --max-model-len 3.5K").rejections[0].reason
+
+
+def test_multi_node_needs_nnodes_and_an_address():
+    single = resolve("-tp 8 -pp 2", model="deepseek-v3", cluster="2x8xh100")
+    assert "World size (16) is larger than the number of available GPUs (8)" in single.rejections[0].engine_error
+    loopback = resolve("-tp 8 -pp 2 --nnodes 2", model="deepseek-v3", cluster="2x8xh100")
+    assert rules(loopback) == ["multi_node_address"] and loopback.rejections[0].stage == "run"
+    ok = resolve("-tp 8 -pp 2 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --headless", model="deepseek-v3",
+                 cluster="2x8xh100")  # fmt: skip
+    assert ok.valid and ok.gpus_used == 16
+    bad_rank = resolve("-tp 8 -pp 2 --nnodes 2 --node-rank 2 --master-addr 10.0.0.1", model="deepseek-v3",
+                       cluster="2x8xh100")  # fmt: skip
+    assert "`--node-rank` must be between 0 and 1" in bad_rank.rejections[0].engine_error
+
+
+def test_every_node_gets_its_command():
+    """Node 0 serves the API; the others run the same command --headless with their rank."""
+    setup = resolve("-tp 8 -pp 2 --nnodes 2 --master-addr 10.0.0.1", model="deepseek-v3", cluster="2x8xh100")
+    node0, node1 = VLLM.launch_commands(setup, model_ref="deepseek-ai/DeepSeek-V3")
+    assert node0[node0.index("--node-rank") + 1] == "0" and "--headless" not in node0
+    assert node1[node1.index("--node-rank") + 1] == "1" and "--headless" in node1
+
+
+def test_dual_batch_overlap():
+    """DBO needs a DeepEP or NIXL EP backend (config/vllm.py); from 0.34 not on multimodal models."""
+    base = "-tp 8 --enable-expert-parallel --enable-dbo"
+    assert "Microbatching currently only supports" in resolve(base, model="deepseek-v3", cluster="8xh200")\
+        .rejections[0].engine_error  # fmt: skip
+    deepep = f"{base} --all2all-backend deepep_low_latency"
+    assert resolve(deepep, model="deepseek-v3", cluster="8xh200").valid
+    kimi = VLLM.resolve(deepep.split(), model=load_model("kimi-k2.6"), cluster=load_cluster("8xh200"),
+                        version="0.34.0")  # fmt: skip
+    assert "dual batch overlap with multimodal models" in kimi.rejections[0].engine_error
+
+
+def test_release_defaults_for_the_kv_cache():
+    """0.33: utilization 0.92, 16-token blocks; 0.34: 1.0 with the extensible cache, 64-token blocks."""
+    llama, h100 = load_model("llama-3.1-70b"), load_cluster("8xh100")
+    old = VLLM.resolve("-tp 8".split(), model=llama, cluster=h100, version="0.33.0").layout.options
+    new = VLLM.resolve("-tp 8".split(), model=llama, cluster=h100, version="0.34.0").layout.options
+    assert (old.memory_fraction, old.page_size, old.kv_margin) == (0.92, 16, None)
+    assert (new.memory_fraction, new.page_size, new.kv_margin) == (1.0, 64, (2**30, 0.75))
+
+
+def test_the_vision_tower_follows_the_flags():
+    """Kimi's MoonViT (16 heads) splits over tp 8 in vLLM's default 'weights' mode, is copied in 'data' mode, and
+    is not built when its only modality (vision_chunk) is limited to 0 or with --language-model-only."""
+    assert resolve("-tp 8").layout.vision_tp == 8
+    assert resolve("-tp 8 --mm-encoder-tp-mode data").layout.vision_tp == 1
+    assert resolve("-tp 8 --language-model-only").layout.vision_tp == 0
+    assert resolve('-tp 8 --limit-mm-per-prompt {"vision_chunk":0}').layout.vision_tp == 0
+    assert resolve('-tp 8 --limit-mm-per-prompt {"image":0}').layout.vision_tp == 8

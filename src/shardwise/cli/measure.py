@@ -21,13 +21,16 @@ from shardwise.cli.app import (
     loads_of,
 )
 from shardwise.decide.theory import theorise as run_theorise
+from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
 from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
 from shardwise.hardware.load import read_yaml
 from shardwise.measure.bench import Target, run_level
 from shardwise.measure.calibrate import calibrate as run_calibrate
 from shardwise.measure.importers import read_results
+from shardwise.measure.memory_fit import fit_memory
 from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
+from shardwise.measure.startup_log import read_startup_log
 from shardwise.measure.sweep import SweepPlan, recalibrate, reranked
 from shardwise.measure.sweep import sweep as run_sweep
 from shardwise.report import bench as report_bench
@@ -147,10 +150,21 @@ def calibrate(
         str | None, typer.Option(help="The launch command the results were measured with, when they do not say.")
     ] = None,
     output: Annotated[Path, typer.Option(help="Where to write the profile (YAML).")] = Path("shardwise-profile.yaml"),
+    log: Annotated[
+        Path | None,
+        typer.Option(
+            help="A server's start-up log (SGLang or vLLM): fit the memory it holds besides weights, KV "
+            "cache, activations and graphs; give the launch command with --command."
+        ),
+    ] = None,
     json: JsonFlag = False,
 ) -> None:
     """Fit named physical constants to measurements of this machine and write a profile that theorise, check
-    and simulate take with --profile; report the error before and after, on held-out measurements too."""
+    and simulate take with --profile; report the error before and after, on held-out measurements too. With
+    --log, fit the machine's non-weight memory to what a server printed while it started."""
+    if log is not None:
+        _calibrate_memory(log, command=command, gpus=gpus, output=output, json=json)
+        return
     if files:
         levels = [level for path in files for level in read_results(path)]
         rows = rows_from_results(levels, command=command, gpus=gpus, model=None)
@@ -176,6 +190,26 @@ def calibrate(
         typer.echo(report_json.dumps(payload))
     else:
         report_table.print_renderable(report_validation.calibration_view(payload))
+
+
+def _calibrate_memory(log: Path, *, command: str | None, gpus: str, output: Path, json: bool) -> None:
+    if not command:
+        raise SpecError("--log needs the launch command the server ran: --command 'python -m sglang.launch_server …'")
+    cluster_spec = load_cluster(gpus)
+    checked = check_command(command, cluster=cluster_spec)
+    fit = fit_memory(read_startup_log(log), model=checked.model, setup=checked.setup, cluster=cluster_spec)
+    report_files.write_text(output, calibration_yaml(fit.calibration))
+    payload = {
+        **fit.calibration.model_dump(mode="json"),
+        "default_non_torch_bytes": fit.default_non_torch_bytes,
+        "kv_tokens": {"logged": fit.logged_kv_tokens, "default": fit.default_kv_tokens,
+                      "calibrated": fit.fitted_kv_tokens},
+        "profile": str(output),
+    }  # fmt: skip
+    if json:
+        typer.echo(report_json.dumps(payload))
+    else:
+        report_table.print_renderable(report_validation.memory_fit_view(payload))
 
 
 @app.command()

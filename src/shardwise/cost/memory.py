@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways, with_kv_dtype
+from shardwise.engines.layout import EngineOptions, Layout, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import runtime
@@ -176,10 +176,14 @@ def activation_bytes(model: ModelSpec, layout: Layout, tokens: int, *, sampled: 
     return tokens * per_token + logits
 
 
-def _runtime_bytes(layout: Layout) -> float:
+def _runtime_bytes(layout: Layout, cluster: ClusterSpec) -> float:
+    """Memory outside the weights, KV cache, activations and graphs: the measured default (one GPU, or several with
+    their communicators), or what a start-up log of this machine showed (a calibrated non_torch_bytes)."""
     rt = runtime()
     alone = layout.stage_gpus == 1 and layout.pp == 1
     total = (rt.non_torch_single_gpu if alone else rt.non_torch_multi_gpu).si("bytes")
+    if cluster.calibration is not None:
+        total = cluster.calibration.value("non_torch_bytes", total)
     if layout.a2a_backend.startswith("deepep"):
         total += rt.deepep_buffers.si("bytes")
     return total
@@ -194,7 +198,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     drafter, draft_warning = _drafter(model, layout)
     stage_components = _stage_weights(model, layout, drafter)
     stage_weights = [sum(c.values()) for c in stage_components]
-    rt = _runtime_bytes(layout)
+    rt = _runtime_bytes(layout, cluster)
     vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
     if opts.chunked_prefill_tokens is None or opts.memory_fraction is None:
         raise ValueError("layout lacks its engine's chunked-prefill size or memory fraction; build it with an engine")
@@ -209,7 +213,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         if opts.memory_fraction_of == "free_at_start":
             kv_per_stage.append(fraction * (capacity - rt) - weights - vlm_cache)
         else:
-            kv_per_stage.append(fraction * capacity - weights - rt - act - graphs)
+            kv_per_stage.append(_total_share_pool(opts, capacity, weights=weights, rt=rt, act=act, graphs=graphs))
     kv = max(0.0, min(kv_per_stage))
     cells = [kv_bytes_per_token(model, layout, r) for r in ranges]
     if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
@@ -240,6 +244,17 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
     )
+
+
+def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, rt: float, act: float,
+                      graphs: float) -> float:  # fmt: skip
+    """vLLM's pool: the share of the whole GPU less everything else. Sized after CUDA-graph capture (0.34's
+    extensible KV cache), it is also capped by what is then free less a margin, max(floor, share × peak)."""
+    pool = opts.memory_fraction * capacity - weights - rt - graphs
+    if opts.kv_margin is not None:
+        floor, share = opts.kv_margin
+        pool = min(pool, capacity - weights - rt - graphs - max(floor, share * act))
+    return pool - act
 
 
 def _per_gpu(

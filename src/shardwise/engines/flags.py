@@ -93,6 +93,7 @@ class ModelSupport(Frozen):
         None, description="vision-config fields as the engine's class reads them"
     )
     mla_default_backend: dict[str, str] | None = Field(None, description="the model's own default, by capability")
+    vision_modalities: tuple[str, ...] | None = Field(None, description="modalities the vision tower serves")
     source: str | None = None
 
 
@@ -116,9 +117,15 @@ class FlagTable(Frozen):
     breakable_prefill_multimodal: tuple[str, ...] = ()
     models: dict[str, ModelSupport] = Field(default_factory=dict, description="support by HF architecture")
     language_model_only_architectures: tuple[str, ...] = ()
+    kv_sizing: tuple[dict[str, Any], ...] = Field((), description="KV-cache sizing by release (vLLM)")
     mla_default_backend: dict[str, str] = Field(default_factory=dict, description="by compute capability")
     mla_dcp_backends: tuple[str, ...] = ()
     mla_dcp_spec_backends: tuple[str, ...] = ()
+
+    def since(self, entries: tuple[dict[str, Any], ...], version: Version) -> dict[str, Any]:
+        """The entry of a by-release list (each with `since`) that holds at `version`: the newest not after it."""
+        held = [e for e in entries if Version(e["since"]) <= version]
+        return max(held, key=lambda e: Version(e["since"])) if held else entries[0]
 
     def support(self, architecture: str, wrapper: str | None = None) -> ModelSupport:
         """What the engine's implementation of this model supports: the language model's entry, overridden

@@ -10,6 +10,7 @@ GPUs form each group, how each component is split, and which collective runs whe
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, computed_field
@@ -82,6 +83,11 @@ class EngineOptions(Frozen):
         description="activation peak and CUDA-graph memory come out of the fraction (vLLM), not out of the "
         "rest (SGLang)",
     )
+    kv_margin: tuple[float, float] | None = Field(
+        None,
+        description="(floor bytes, share of the activation peak) kept free when the engine sizes the KV cache from "
+        "the memory measured after CUDA-graph capture (vLLM's extensible KV cache); None where it does not",
+    )
     prefill_cuda_graph: bool = False
     max_model_len: int | None = Field(None, description="longest request the engine must be able to hold (vLLM)")
     page_size: int | None = None
@@ -106,6 +112,9 @@ class Layout(Frozen):
     shared_tp: int = Field(ge=1, description="TP width of shared experts (1 = replicated)")
     lm_head_tp: int = Field(ge=1, description="vocab-parallel width of embeddings and lm_head")
     redundant_experts: int = Field(0, ge=0, description="extra physical expert slots (EPLB)")
+    vision_tp: int = Field(
+        1, ge=0, description="ways the vision tower is split on the first stage (1: a copy on each GPU; 0: not loaded)"
+    )
     moe_comm: MoeComm = Field(
         "allreduce",
         description="how MoE tokens and outputs move: all-reduce of partial "
@@ -229,7 +238,9 @@ def weight_ways(w: Weight, layout: Layout, model: ModelSpec) -> float:
         if w.component in ("attn.k", "attn.v"):
             return min(layout.attn_tp, model.attention.num_kv_heads)  # KV heads replicate past their count
         return layout.attn_tp
-    return 1  # router, norms, vision tower
+    if w.role == "vision":
+        return layout.vision_tp or math.inf  # 0: the engine does not load it
+    return 1  # router, norms
 
 
 # --- how each component is split --------------------------------------------------------------------

@@ -56,6 +56,22 @@ def effective_flags(
                 source=f"vllm {version} config/model.py _get_and_verify_max_len",
             )
         )
+    sizing = table.since(table.kv_sizing, version)
+    if f.get("gpu_memory_utilization") is None:
+        f["gpu_memory_utilization"] = sizing["default_utilization"]
+    f.setdefault("block_size", sizing["default_block_size"])
+    if "margin_fraction" in sizing:
+        rocm = cluster.gpu.vendor == "amd"
+        f["kv_margin"] = (sizing["margin_floor_gib_rocm" if rocm else "margin_floor_gib"] * 2**30,
+                          sizing["margin_fraction"])  # fmt: skip
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"the extensible KV cache is sized after CUDA-graph capture from the memory then free, within "
+                f"gpu_memory_utilization {f['gpu_memory_utilization']:g} of the GPU",
+                source=f"vllm {version} v1/worker/extensible_kv_cache.py measure_kv_cache_bytes",
+            )
+        )
     f["cuda_graph"] = not f.get("enforce_eager")
     datacenter_blackwell = cluster.gpu.compute_capability.value in ("10.0", "10.3")
     f["cuda_graph_max_bs"] = min(f["max_num_seqs"] * 2, 1024 if datacenter_blackwell else 512)
@@ -92,6 +108,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         chunked_prefill_tokens=f["max_num_batched_tokens"],
         max_running_requests=f["max_num_seqs"],
         memory_fraction=f["gpu_memory_utilization"],
+        kv_margin=f.get("kv_margin"),
         memory_fraction_of="total",
         activations_in_budget=True,
         max_model_len=None if f.get("max_model_len") == -1 else f.get("max_model_len") or model.max_position_embeddings,
@@ -100,6 +117,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         scheduler=SchedulerPolicy(**flag_table("vllm").scheduler),
     )
     world = tp * dp * pcp if lockstep else tp * pcp
+    vision_tp = _vision_ways(f, model, tp)
     return Layout(
         engine="vllm",
         version=str(version),
@@ -114,12 +132,28 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         shared_tp=tp,
         lm_head_tp=tp,
         redundant_experts=(f.get("eplb_config") or {}).get("num_redundant_experts", 0),
+        vision_tp=vision_tp,
         moe_comm=comm,
         a2a_backend=backend,
         dp_outside_pp=True,
         pp_extra_layers="before_last",
         options=options,
     )
+
+
+def _vision_ways(f: dict[str, Any], model: ModelSpec, tp: int) -> int:
+    """How vLLM places the vision tower: not at all (0) when the language model runs alone or every modality the
+    tower serves is limited to 0, split over tp in "weights" mode when its heads divide, else a copy per GPU."""
+    if model.vision is None:
+        return 1
+    modalities = flag_table("vllm").support(model.architecture, model.wrapper_architecture).vision_modalities or ()
+    limits = f.get("limit_mm_per_prompt") or {}
+    if f.get("language_model_only") or (modalities and all(limits.get(m) == 0 for m in modalities)):
+        return 0
+    heads = model.vision.num_heads
+    if f["mm_encoder_tp_mode"] == "weights" and heads and heads % tp == 0:
+        return tp
+    return 1
 
 
 @register_engine("vllm")
@@ -154,7 +188,7 @@ class VLLM(FlagEngine):
         return {**given, "node_rank": rank, **({"headless": True} if rank else {})}
 
     def read(self, given: dict[str, Any]) -> dict[str, Any]:
-        for name in ("speculative_config", "eplb_config"):
+        for name in ("speculative_config", "eplb_config", "limit_mm_per_prompt"):
             if name in given:
                 given[name] = _json_option(name, given[name])
         given.pop("model_tag", None)

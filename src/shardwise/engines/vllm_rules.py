@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from packaging.version import Version
+
 from shardwise.engines.base import Context, Rejection, Rule
+
+V034 = Version("0.34.0")  # the model runner's DBO exclusions
 
 
 def moe_world(f: dict[str, Any]) -> int:
@@ -64,20 +68,34 @@ def ep_needs_moe(ctx: Context) -> Rejection | None:
 
 
 def dcp_rules(ctx: Context) -> Rejection | None:
+    """ParallelConfig's DCP sizes (config/parallel.py), then ModelConfig's GQA limits (config/model.py
+    verify_with_parallel_config): each DCP rank must hold whole KV heads and split each head's queries evenly."""
     f, att = ctx.flags, ctx.model.attention
     dcp, tp, pcp = f["decode_context_parallel_size"], f["tensor_parallel_size"], f["prefill_context_parallel_size"]
     if dcp == 1:
         return None
-    problem = None
-    if pcp == 1 and tp % dcp:
-        problem = f"decode CP {dcp} does not divide tp {tp}"
-    elif pcp > 1 and dcp not in (pcp, tp * pcp):
-        problem = f"with prefill CP {pcp}, decode CP must be 1, {pcp} or {tp * pcp}"
-    elif att.kind == "gqa" and (tp <= att.num_kv_heads or dcp > tp // att.num_kv_heads):
-        problem = f"for GQA, decode CP needs tp > KV heads ({tp} vs {att.num_kv_heads}) and dcp ≤ tp // KV heads"
-    if problem is None:
-        return None
-    return Rejection(rule="dcp", reason=problem, engine_error="ValueError", source=_src(ctx, "config/parallel.py"))
+    checks = [(pcp == 1 and tp % dcp != 0, f"tp_size={tp} must be divisible by dcp_size={dcp}.", "config/parallel.py"),
+              (pcp > 1 and dcp not in (1, pcp, tp * pcp),
+               "When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP axis. "
+               f"Got TP={tp}, PCP={pcp}, DCP={dcp}; valid DCP sizes are {sorted({1, pcp, tp * pcp})}.",
+               "config/parallel.py")]  # fmt: skip
+    if att.kind == "gqa":
+        kv, q_per_kv = att.num_kv_heads, att.num_heads // att.num_kv_heads
+        checks += [
+            (tp <= kv, f"Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` ({tp}) to be "
+             f"greater than the model's total number of KV heads ({kv}). Increase `--tensor-parallel-size` or set "
+             "`--decode-context-parallel-size 1`.", "config/model.py verify_with_parallel_config"),
+            (tp > kv and dcp > tp // kv, f"`--decode-context-parallel-size` ({dcp}) exceeds the maximum supported "
+             f"value ({tp // kv}) for `--tensor-parallel-size` ({tp}) and {kv} model KV heads.",
+             "config/model.py verify_with_parallel_config"),
+            (q_per_kv % dcp != 0, f"The model's number of query heads per KV head ({q_per_kv}) must be divisible "
+             f"by `--decode-context-parallel-size` ({dcp}) for GQA/MQA.",
+             "config/model.py verify_with_parallel_config"),
+        ]  # fmt: skip
+    for failed, message, where in checks:
+        if failed:
+            return Rejection(rule="dcp", reason=message, engine_error=f"ValueError: {message}", source=_src(ctx, where))
+    return None
 
 
 def eplb_rules(ctx: Context) -> Rejection | None:
@@ -183,6 +201,32 @@ def dbo_backend(ctx: Context) -> Rejection | None:
     )
 
 
+def dbo_runner(ctx: Context) -> Rejection | None:
+    """From 0.34 the GPU model runner lists what it cannot microbatch (config/vllm.py
+    _get_dbo_unsupported_features): pipeline stages, prefill CP, multimodal, hybrid (linear-attention) models."""
+    f, model = ctx.flags, ctx.model
+    if not f.get("enable_dbo") or ctx.version < V034:
+        return None
+    unsupported = [
+        label
+        for failed, label in (
+            (f["pipeline_parallel_size"] > 1, "dual batch overlap with pipeline parallelism"),
+            (f["prefill_context_parallel_size"] > 1, "dual batch overlap with prefill context parallelism"),
+            (
+                model.vision is not None and not f.get("language_model_only"),
+                "dual batch overlap with multimodal models",
+            ),
+            (model.linear_attention is not None, "dual batch overlap with hybrid models"),
+        )
+        if failed
+    ]
+    if not unsupported:
+        return None
+    message = f"The GPU model runner does not support: {', '.join(unsupported)}"
+    return Rejection(rule="dbo_runner", reason=message, engine_error=f"ValueError: {message}",
+                     source=_src(ctx, "config/vllm.py VllmConfig._validate_model_runner"))  # fmt: skip
+
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -225,7 +269,22 @@ def multi_node(ctx: Context) -> Rejection | None:
 
 
 def enough_gpus(ctx: Context) -> Rejection | None:
-    needed = gpus_used(ctx.flags)
+    """One DP rank's world (tp × pp × pcp) must fit the node unless --nnodes or Ray spreads it
+    (ParallelConfig.__post_init__); all DP ranks together must fit the GPUs the launch reaches."""
+    f = ctx.flags
+    world = f["tensor_parallel_size"] * f["pipeline_parallel_size"] * f["prefill_context_parallel_size"]
+    per_node = ctx.cluster.gpus_per_node
+    if f["nnodes"] == 1 and not f.get("distributed_executor_backend") and world > per_node:
+        return Rejection(
+            rule="not_enough_gpus",
+            reason=f"tp × pp = {world} GPUs in one DP rank, {per_node} on this node; spread it over nodes with "
+            "--nnodes and --node-rank (or Ray)",
+            engine_error=f"ValueError: World size ({world}) is larger than the number of available GPUs ({per_node}) "
+            "in this node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend "
+            "ray'.\n- multiprocessing, set '--nnodes' appropriately.",
+            source=_src(ctx, "config/parallel.py ParallelConfig.__post_init__"),
+        )
+    needed = gpus_used(f)
     if needed <= ctx.gpus_available:
         return None
     return Rejection(
@@ -233,6 +292,7 @@ def enough_gpus(ctx: Context) -> Rejection | None:
         reason=f"needs dp × pp × tp = {needed} GPUs; {ctx.gpus_available} are available",
         engine_error="RuntimeError (not enough GPUs for the workers)",
         source=_src(ctx, "v1/executor"),
+        stage="load",
     )
 
 
@@ -246,6 +306,7 @@ RULES: list[Rule] = [
     memory_utilization,
     deepep_link,
     dbo_backend,
+    dbo_runner,
     multi_node,
     enough_gpus,
 ]

@@ -8,7 +8,9 @@ The constants a profile may set, each a quantity the cost model already uses:
 - kernel_gpu_s: the least GPU time of one kernel (overheads.yaml);
 - scheduler_step_cpu_s: scheduler host time per step when it does not overlap the GPU (overheads.yaml);
 - collective_call_s: time one collective call costs beyond its measured nccl-tests time (default 0 s: the
-  tables already hold what nccl-tests sees; engines call collectives from Python, eagerly, each step).
+  tables already hold what nccl-tests sees; engines call collectives from Python, eagerly, each step);
+- non_torch_bytes: GPU memory a server holds besides weights, KV cache, activations and CUDA graphs (the CUDA
+  context, library workspaces, communication buffers; runtime.yaml), fitted to a start-up log.
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ CONSTANTS = {
             "a pipeline-parallel run or one with --disable-overlap-schedule",
             1e-5,
             1e-2,
+        ),
+        Constant(
+            "non_torch_bytes",
+            "GPU memory besides weights, KV cache, activations and graphs (CUDA context, buffers)",
+            "a start-up log: shardwise calibrate --log FILE",
+            2**28,
+            2**34,
         ),
         Constant(
             "collective_call_s",

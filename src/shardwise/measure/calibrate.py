@@ -22,7 +22,7 @@ from shardwise.engines.check import check_command
 from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
 from shardwise.hardware.calibration import CONSTANTS, Calibration
-from shardwise.hardware.load import overheads
+from shardwise.hardware.load import overheads, runtime
 from shardwise.measure.reference import ReferenceRow
 from shardwise.serve.steady import Predictor
 from shardwise.spec.cluster import ClusterSpec, load_cluster
@@ -57,6 +57,7 @@ def defaults(cluster: ClusterSpec) -> dict[str, float]:
         "kernel_gpu_s": oh.kernel_gpu.si("s"),
         "scheduler_step_cpu_s": oh.scheduler_step_cpu.si("s"),
         "collective_call_s": 0.0,
+        "non_torch_bytes": runtime().non_torch_multi_gpu.si("bytes"),
     }
 
 

@@ -97,3 +97,19 @@ def calibration_view(payload: dict[str, Any]) -> Group:
                           f"measurement): {', '.join(payload['at_bounds'])}"))  # fmt: skip
     lines.append(Text(f"profile written to {payload['profile']}; use it with --profile"))
     return Group(table, *lines)
+
+
+def memory_fit_view(payload: dict[str, Any]) -> Group:
+    """The non-weight memory a start-up log implies, against the default, and the KV pool it predicts."""
+    value = payload["constants"]["non_torch_bytes"] / 2**30
+    default = payload["default_non_torch_bytes"] / 2**30
+    kv = payload["kv_tokens"]
+    lines = [
+        Text(f"{payload['fitted_on'][0]}: {value:.2f} GiB per GPU besides weights, KV cache, activations and "
+             f"graphs (the default assumes {default:.2f} GiB)"),
+        Text(f"KV cache tokens per pool: logged {kv['logged']:,}, predicted {kv['default']:,} before and "
+             f"{kv['calibrated']:,} after" if kv["logged"] is not None else
+             f"KV cache tokens per pool: predicted {kv['default']:,} before, {kv['calibrated']:,} after"),
+        Text(f"profile written to {payload['profile']}; use it with --profile"),
+    ]  # fmt: skip
+    return Group(*lines)

@@ -311,6 +311,7 @@ def _vision(cfg: dict[str, Any] | None) -> VisionSpec | None:
         pos_emb_positions=cfg.get("init_pos_emb_height", 0) * cfg.get("init_pos_emb_width", 0),
         merge_tokens=merge[0] * merge[1],
         text_hidden_size=cfg.get("text_hidden_size", 0),
+        num_heads=cfg.get("vt_num_attention_heads"),
         hf_num_hidden_layers=cfg.get("num_hidden_layers"),
         hf_hidden_size=cfg.get("hidden_size"),
     )

@@ -78,6 +78,7 @@ class VisionSpec(Frozen):
     pos_emb_positions: int
     merge_tokens: int = Field(description="patches merged into one language-model token")
     text_hidden_size: int
+    num_heads: int | None = Field(None, description="attention heads of the vision transformer")
     hf_num_hidden_layers: int | None = Field(None, description="the config's own num_hidden_layers, if it has one")
     hf_hidden_size: int | None = Field(None, description="the config's own hidden_size, if it has one")
 
