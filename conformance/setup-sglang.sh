@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create the venv the SGLang oracle runs in: real sglang 0.5.23 + CPU torch 2.13.0.
 #   bash conformance/setup-sglang.sh            # -> .engines/sglang-0.5.23
-#   SGLANG_ORACLE_VENV=/tmp/v bash conformance/setup-sglang.sh
+#   SHARDWISE_ENGINES_DIR=~/.cache/shardwise/engines bash conformance/setup-sglang.sh   # elsewhere
 # Idempotent: a venv whose stamp matches the requirements file is left alone.
 # Never pulls a CUDA torch: torch comes from the local CPU wheel and every other
 # package is installed with --no-deps from the pinned list next to this script.
@@ -9,7 +9,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
-VENV="${SGLANG_ORACLE_VENV:-$ROOT/.engines/sglang-0.5.23}"
+VENV="${SHARDWISE_ENGINES_DIR:-$ROOT/.engines}/sglang-0.5.23"
 REQS="$HERE/sglang-0.5.23-requirements.txt"
 TORCH_WHEEL="${TORCH_WHEEL:-/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl}"
 STAMP="$VENV/.oracle-stamp"

@@ -10,7 +10,7 @@ set -euo pipefail
 
 VERSION="${1:?usage: setup-vllm.sh VERSION (0.33.0 or 0.34.0)}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="$ROOT/.engines/vllm-$VERSION"
+VENV="${SHARDWISE_ENGINES_DIR:-$ROOT/.engines}/vllm-$VERSION"   # where the tests look too
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null || PY=python3
 

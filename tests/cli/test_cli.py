@@ -404,3 +404,20 @@ def test_calibrate_and_profile_bad_input_is_one_line(tmp_path):
         result = shardwise(*args, "--output", str(tmp_path / "p.yaml")) if args[0] == "calibrate" else shardwise(*args)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_kimi_tp8_needs_a_raised_memory_fraction():
+    """At SGLang's default (0.758 for this checkpoint on 96 GB cards) the weights leave no KV room, as SGLang says
+    when it sizes the pool; at 0.85 it starts."""
+    command = ["--", "python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp-size", "8"]
+    default = runner.invoke(app, ["check", "--model", "kimi-k2.6", "--gpus", "8xrtx-pro-6000", "--json", *command])
+    assert default.exit_code == 1
+    data = json.loads(default.stdout)
+    assert data["verdict"] == "no_kv_room"
+    assert data["engine_error"].startswith(
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+        "--mem-fraction-static=0.758. Raise --mem-fraction-static above 0.781"
+    )
+    raised = runner.invoke(app, ["check", "--model", "kimi-k2.6", "--gpus", "8xrtx-pro-6000", "--json", *command,
+                                 "--mem-fraction-static", "0.85"])  # fmt: skip
+    assert raised.exit_code == 0 and json.loads(raised.stdout)["verdict"] == "ok"

@@ -187,3 +187,14 @@ def test_pp8_keeps_embeddings_first_and_lm_head_last():
     memory, _ = ledger("sglang", "--pp-size 8 --mem-fraction-static 0.95")
     by_stage = {row.stage: row.weights_bytes for row in memory.per_gpu}
     assert len(by_stage) == 8 and by_stage[7] > by_stage[3]  # 8 layers + the whole lm_head (tp 1)
+
+
+def test_attention_dp_reserves_graph_padding_with_graphs_off():
+    """SGLang sizes the decode graph's max batch (512 on an 80 GB GPU at tp ≥ 4) whether or not graphs run, and
+    reserve_for_graph_mb adds max_bs × attn_dp × 3 MiB (× 1.5 more above 300) for attention DP: 18,432 MiB here
+    (memory_hook.py; the real SGLang 0.5.23 resolves 0.605). gpt-oss-120b DP8 on 8× H100 keeps about 36.9 GiB of
+    KV cache per GPU, not the 54 it would without that reserve."""
+    memory, setup = ledger("sglang", "--tp-size 8 --attn-dp-size 8 --disable-cuda-graph", model="gpt-oss-120b",
+                           cluster="8xh100")  # fmt: skip
+    assert setup.flags["mem_fraction_static"] == pytest.approx(round((81559 - (13824 + 18432)) / 81559, 3))
+    assert memory.per_gpu[0].kv_bytes / GiB == pytest.approx(36.9, rel=0.05)
