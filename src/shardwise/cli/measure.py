@@ -22,6 +22,7 @@ from shardwise.cli.app import (
 )
 from shardwise.decide.theory import theorise as run_theorise
 from shardwise.engines.check import check_command
+from shardwise.engines.flags import command_text
 from shardwise.errors import SpecError
 from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
 from shardwise.hardware.load import read_yaml
@@ -245,7 +246,8 @@ def sweep(
         spec = load_model(model)
         theory = run_theorise(spec, cluster_spec, model_ref=model, engines=["sglang"], isl=isl, osl=osl,
                               concurrency=int_list(concurrency, "--concurrency"))  # fmt: skip
-        commands += [" ".join(s.candidate.launch) for s in theory.ranking.scores[:top]]
+        single_node = [s for s in theory.ranking.scores if len(s.candidate.launches) == 1]  # a sweep runs here
+        commands += [command_text(list(s.candidate.launch)) for s in single_node[:top]]
     if not commands:
         raise SpecError("give setups to sweep: --command '<launch command>' (repeatable), --plan FILE or --top N")
     sweep_plan = SweepPlan(

@@ -88,6 +88,13 @@ def check_payload(
     }
 
 
+WHEN = {
+    "arguments": "fails while resolving its arguments, before any weight loads",
+    "load": "fails while building or loading the model",
+    "run": "fails or hangs at its first steps",
+}
+
+
 def check_view(
     setup: Setup, model: ModelSpec, memory: MemoryLedger | None = None, *, isl: int = 1024, osl: int = 1024
 ) -> Group:
@@ -112,7 +119,7 @@ def check_view(
         parts.append(Text(f"  ✗ {r.reason}", style="red"))
         if r.engine_error:
             parts.append(Text(f"    the engine says: {r.engine_error}", style="dim"))
-        parts.append(Text(f"    checked in: {r.source}", style="dim"))
+        parts.append(Text(f"    checked in: {r.source}; {WHEN[r.stage]}", style="dim"))
     for note in setup.notes:
         style = "yellow" if note.kind == "warning" else "cyan"
         parts.append(Text(f"  {'!' if note.kind == 'warning' else '→'} {note.message}", style=style))

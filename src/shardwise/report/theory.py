@@ -66,6 +66,7 @@ def narrative(t: Theory) -> list[str]:
         f"tokens); each output token takes {p.tpot_s * 1e3:.1f} ms: {parts} ms. A decode step spends "
         f"{ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
     )
+    lines.append(_memory_line(c))
     ties = t.ranking.ties()
     if ties:
         lines.append("Within 2 % (a tie at the model's accuracy): " + "; ".join(
@@ -83,6 +84,19 @@ def narrative(t: Theory) -> list[str]:
         lines.append("The best setup changes with load: " + "; ".join(
             f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers) + ".")  # fmt: skip
     return lines
+
+
+def _memory_line(c: Candidate) -> str:
+    """Where each GPU's memory goes in the winner, read off its memory ledger (the fullest GPU)."""
+    row = max(c.memory.per_gpu, key=lambda r: r.weights_bytes + r.kv_bytes)
+    opts = c.layout.options
+    gib = 2**30
+    fraction = f"memory fraction {opts.memory_fraction:.3g}" if opts.memory_fraction is not None else "its memory rule"
+    return (
+        f"Each GPU at {fraction}: weights {row.weights_bytes / gib:.1f} GiB, KV cache {row.kv_bytes / gib:.1f}, "
+        f"CUDA stack and buffers {row.runtime_bytes / gib:.1f}, activation peak {row.activation_bytes / gib:.1f}, "
+        f"CUDA graphs {row.cuda_graph_bytes / gib:.1f}; {row.free_bytes / gib:.1f} GiB left over."
+    )
 
 
 def _slo_text(t: Theory) -> str:
