@@ -281,7 +281,7 @@ def test_every_emitted_dcp_layout_has_a_backend_with_the_dcp_path(cluster):
     backend that returns it (flashinfer added where the platform's default does not: triton on SM120, fa3 on
     Hopper; SM100's defaults have the path)."""
     from shardwise.engines.flags import flag_table
-    from shardwise.engines.sglang_rules import mla_decode_backend
+    from shardwise.engines.sglang_support import mla_decode_backend
 
     model, box = load_model("kimi-k2.6"), load_cluster(cluster)
     dcp = [s for s in SGLANG.enumerate(model, box) if s.flags["dcp_size"] > 1]

@@ -16,7 +16,8 @@ from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import HEAD_IP, flag_table, head_port
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.sglang_memory import auto_mem_fraction, prefill_graph_on, vlm_factor
-from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES, mla_decode_backend
+from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
+from shardwise.engines.sglang_support import mla_decode_backend
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
