@@ -21,11 +21,16 @@ import math
 import os
 from collections import Counter
 from functools import cache
+from pathlib import Path
 
 import pytest
-from emitted import Emitted, ask, emitted, oracle_python, shardwise_view
+from emitted import MODELS as MODEL_DIRS
+from emitted import Emitted, _argv, ask, emitted, oracle_python, shardwise_view
 
 from shardwise.engines.base import Setup
+from shardwise.engines.check import check_command
+from shardwise.engines.flags import split_command
+from shardwise.errors import SpecError
 from shardwise.spec.cluster import load_cluster
 
 MODELS = ["kimi-k2.6", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-70b"]
@@ -137,3 +142,56 @@ def test_every_emitted_command_agrees_with_the_engine(model, cluster, engine, ve
     print(f"\n{engine} {version}, {model} on {cluster}: {len(pairs)} commands, the engine refuses {refused}")
     kinds = Counter(p.split(":")[0] for p in problems)
     assert not problems, f"{len(problems)} disagreements ({dict(kinds)}):\n" + "\n".join(problems[:40])
+
+
+def _emitted_from(engine: str, version: str, command: str) -> Emitted:
+    """A launch command as the oracle takes it: the model path replaced by the bundled folder of that model."""
+    import shlex
+
+    tokens = tuple(shlex.split(command))
+    model = check_command(command, cluster=load_cluster("8xh100")).model.name
+    return Emitted(engine, version, tokens, _argv(engine, list(tokens), MODEL_DIRS / model))
+
+
+def _engine_of(command: str) -> str | None:
+    try:
+        return split_command(command)[0]
+    except SpecError:  # a row about a launcher shardwise does not know
+        return None
+
+
+def _checked_rows() -> list[tuple[str, str, str]]:
+    """The `shardwise check` rows of docs/bad-inputs.md: (cluster, launch command, what shardwise says)."""
+    import re
+    import shlex
+
+    doc = Path(__file__).parents[2] / "docs" / "bad-inputs.md"
+    out = []
+    for line in doc.read_text().splitlines():
+        m = re.match(r"^\| *\d+ *\| .+? \| `shardwise check (.*?)` \| *\d *\| (.+?) \|$", line)
+        if m:
+            args = shlex.split(m.group(1))
+            cluster = args[args.index("--gpus") + 1] if "--gpus" in args else "8xrtx-pro-6000"
+            out.append((cluster, shlex.join(args[args.index("--") + 1 :]), m.group(2)))
+    return out
+
+
+@pytest.mark.parametrize("engine, version", [("sglang", "0.5.23"), ("vllm", "0.33.0")])
+def test_the_documented_refusals_are_the_engines(engine, version):
+    """Each refusal docs/bad-inputs.md shows for `check`: where shardwise says the engine refuses it while
+    resolving its arguments, the engine does; where it says later (model load, first steps), the engine's argument
+    resolution lets it through, as the oracle cannot see further."""
+    _available(engine, version)  # (a row with no flags at all is about shardwise's own usage line)
+    rows = [(c, cmd) for c, cmd, _ in _checked_rows() if _engine_of(cmd) == engine and len(cmd.split()) > 4]
+    items = [(_emitted_from(engine, version, cmd), load_cluster(c)) for c, cmd in rows]
+    answers = ask(engine, version, items)
+    stages = []
+    for (e, box), answer in zip(items, answers, strict=True):
+        setup = shardwise_view(e, box)
+        stage = setup.rejections[0].stage if setup.rejections else None
+        stages.append(stage)
+        if stage == "arguments":
+            assert not answer["ok"], f"shardwise: refused while resolving arguments; the engine accepts: {e.text}"
+        elif answer["ok"] is False:
+            assert setup.rejections, f"the engine refuses, shardwise does not: {e.text}\n{answer['error']}"
+    assert "arguments" in stages  # the test covers refusals the oracle must see

@@ -94,6 +94,7 @@ class ModelSupport(Frozen):
     )
     mla_default_backend: dict[str, str] | None = Field(None, description="the model's own default, by capability")
     vision_modalities: tuple[str, ...] | None = Field(None, description="modalities the vision tower serves")
+    cuda_graph_max_bs: int | None = Field(None, description="the model's own largest captured decode batch")
     source: str | None = None
 
 

@@ -26,7 +26,7 @@ REMOVED_A2A = {"pplx", "naive"}
 
 
 def effective_flags(
-    given: dict[str, Any], *, version: Version, cluster: ClusterSpec
+    given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
 ) -> tuple[dict[str, Any], list[Note]]:
     table = flag_table("vllm")
     f = {name: option.default for name, option in table.options.items() if option.default is not None}
@@ -75,6 +75,16 @@ def effective_flags(
     f["cuda_graph"] = not f.get("enforce_eager")
     datacenter_blackwell = cluster.gpu.compute_capability.value in ("10.0", "10.3")
     f["cuda_graph_max_bs"] = min(f["max_num_seqs"] * 2, 1024 if datacenter_blackwell else 512)
+    own = table.support(model.architecture, model.wrapper_architecture)
+    if own.cuda_graph_max_bs is not None and f["cuda_graph_max_bs"] != own.cuda_graph_max_bs:
+        f["cuda_graph_max_bs"] = own.cuda_graph_max_bs
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"{model.architecture} captures CUDA graphs up to batch {own.cuda_graph_max_bs}",
+                source=f"vllm {version} {own.source}",
+            )
+        )
     if f["pipeline_parallel_size"] > 1 and f["data_parallel_size"] > 1:
         notes.append(Note(kind="warning", message="DP ranks sit outside PP stages: each DP rank is a full pipeline"))
     return f, notes
@@ -171,7 +181,7 @@ class VLLM(FlagEngine):
     def effective(
         self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
     ) -> tuple[dict[str, Any], list[Note]]:
-        return effective_flags(given, version=version, cluster=cluster)
+        return effective_flags(given, version=version, cluster=cluster, model=model)
 
     def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         return layout_of(flags, model, version)
