@@ -279,7 +279,8 @@ def enough_gpus(ctx: Context) -> Rejection | None:
             rule="not_enough_gpus",
             reason=f"tp × pp = {world} GPUs in one DP rank, {per_node} on this node; spread it over nodes with "
             "--nnodes and --node-rank (or Ray)",
-            engine_error=f"ValidationError: 1 validation error for ParallelConfig: Value error, World size ({world}) is larger than the number of available GPUs ({per_node}) "
+            engine_error="ValidationError: 1 validation error for ParallelConfig: Value error, "
+            f"World size ({world}) is larger than the number of available GPUs ({per_node}) "
             "in this node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend "
             "ray'.\n- multiprocessing, set '--nnodes' appropriately.",
             source=_src(ctx, "config/parallel.py ParallelConfig.__post_init__"),
