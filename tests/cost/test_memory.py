@@ -198,3 +198,30 @@ def test_attention_dp_reserves_graph_padding_with_graphs_off():
                            cluster="8xh100")  # fmt: skip
     assert setup.flags["mem_fraction_static"] == pytest.approx(round((81559 - (13824 + 18432)) / 81559, 3))
     assert memory.per_gpu[0].kv_bytes / GiB == pytest.approx(36.9, rel=0.05)
+
+
+def test_vllm_034_sizes_the_extensible_cache_after_capture():
+    """v1/worker/extensible_kv_cache.py measure_kv_cache_bytes: min(budget − in use, free − max(1 GiB, 0.75 × peak))
+    − peak, the budget 1.0 × the GPU; with 0.92 explicitly the budget binds instead."""
+    llama, h100 = load_model("llama-3.1-70b"), load_cluster("8xh100")
+    for flags, budget_binds in (("-tp 8", False), ("-tp 8 --gpu-memory-utilization 0.92", True)):
+        setup = get_engine("vllm").resolve(["m", *flags.split()], model=llama, cluster=h100, version="0.34.0")
+        row = memory_ledger(llama, setup.layout, h100).per_gpu[0]
+        in_use = row.weights_bytes + row.runtime_bytes + row.cuda_graph_bytes
+        margin = max(GiB, 0.75 * row.activation_bytes)
+        free = row.capacity_bytes - in_use - margin
+        budget = setup.layout.options.memory_fraction * row.capacity_bytes - in_use
+        assert (budget < free) is budget_binds
+        assert row.kv_bytes == pytest.approx(min(budget, free) - row.activation_bytes)
+
+
+def test_the_raised_fraction_keeps_what_sglang_reserves():
+    """The largest fraction theorise tries leaves each GPU its activation peak, graphs, the CUDA-stack uncertainty
+    (1.79 GiB: one GPU's against several GPUs' measured stack) and attention DP's padding (512 × 8 × 4.5 MiB), then
+    takes SGLang's ×0.9097 for Kimi's vision tower."""
+    memory, setup = ledger("sglang", "--tp 8 --attn-dp-size 8 --ep 8 --disable-cuda-graph")
+    row = memory.per_gpu[0]
+    rt = row.runtime_bytes - 100 * 2**20  # the VLM cache is inside the fraction
+    outside = row.activation_bytes + row.cuda_graph_bytes + 1.79 * GiB + 512 * 8 * 4.5 * 2**20
+    expected = (1 - outside / (row.capacity_bytes - rt)) * 0.95 * (1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1))
+    assert memory.largest_fraction == pytest.approx(expected, rel=1e-3)

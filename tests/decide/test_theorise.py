@@ -113,8 +113,13 @@ def test_when_nothing_fits_it_says_what_would():
 
 
 def test_a_request_too_long_for_every_pool_is_said_to_be_the_problem():
+    """Within the model's context (Kimi: 262,144 tokens) the pool decides; beyond it, the context does."""
     model, cluster = load_model("kimi-k2.6"), load_cluster("8xrtx-pro-6000")
-    t = theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=4_000_000, osl=1024,
+    t = theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=2_000_000, osl=1024,
                  concurrency=[1])  # fmt: skip
     assert t.best is None
-    assert "none holds one request of 4,000,000 + 1,024 tokens" in t.would_fit[0]
+    assert "longer than the 262,144 tokens of kimi-k2.6's context" in t.would_fit[0]
+    small = load_cluster("1xl4")
+    t = theorise(load_model("llama-3.1-8b"), small, model_ref="llama-3.1-8b", engines=["sglang"], isl=120_000,
+                 osl=1024, concurrency=[1])  # fmt: skip
+    assert t.best is None and "none holds one request of 120,000 + 1,024 tokens" in t.would_fit[0]

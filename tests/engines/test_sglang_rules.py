@@ -113,6 +113,8 @@ def test_dp_lm_head_without_attention_dp_is_turned_off_not_refused():
     assert setup.valid and setup.flags["enable_dp_lm_head"] is False
     assert any("--enable-dp-lm-head is turned off" in n.message for n in setup.notes)
     assert resolve("--tp 8 --attn-dp-size 8 --enable-dp-lm-head").flags["enable_dp_lm_head"] is True
+    replicas = resolve("--tp 4 --dp-size 2 --enable-dp-lm-head")  # two DP ranks, no attention DP: kept, refused
+    assert rules(replicas) == ["dp_lm_head_needs_attn_dp"]
 
 
 def test_ep_not_dividing_tp_is_a_topology_error():
@@ -287,7 +289,10 @@ def test_every_emitted_dcp_layout_has_a_backend_with_the_dcp_path(cluster):
     dcp = [s for s in SGLANG.enumerate(model, box) if s.flags["dcp_size"] > 1]
     assert dcp
     capability = box.gpu.compute_capability.value
-    assert all(mla_decode_backend(s.flags, model, capability) in flag_table("sglang").mla_dcp_backends for s in dcp)
+    assert all(
+        mla_decode_backend(s.flags, model, capability, s.flags["tp_size"]) in flag_table("sglang").mla_dcp_backends
+        for s in dcp
+    )
     added = {s.given.get("attention_backend") for s in dcp}
     assert added == ({None} if capability.startswith("10.") else {"flashinfer"})
 

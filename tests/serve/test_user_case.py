@@ -3,9 +3,9 @@
 Measured (../seed/user-case.md): TP8 26.3 tok/s at one request and ≈808 at peak; PP8 36.9 and ≈396;
 EP8 (--tp 8 --ep 8) 65.3 and ≈961. Predicted with the bundled constants, nothing fitted to these numbers,
 for 1024 in / 1024 out; "peak" is the best output throughput over 1…512 clients. The user's flags beyond
-the layout are not recorded. At SGLang's default memory fraction for this multimodal checkpoint (0.758 on
-these cards: the ×0.9097 vision-tower factor) no Kimi layout here has KV room, so every run must have raised
---mem-fraction-static; the tests take 0.85 for all three.
+the layout are not recorded. With CUDA graphs off, SGLang's default memory fraction for this checkpoint (0.781:
+the ×0.9097 vision-tower factor) leaves TP8 and EP8 0.02 GiB short of KV room, inside the ±1.8 GiB uncertainty
+of the CUDA-stack estimate, and PP8 further short; the tests take --mem-fraction-static 0.85 for all three.
 
 Run with `pytest -rP tests/serve/test_user_case.py` to see the six pairs.
 """

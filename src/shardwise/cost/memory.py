@@ -239,7 +239,9 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         state_bytes_per_request=state,
         max_running_requests_per_rank=_running_slots(model, layout, tokens),
         ranks=layout.attn_dp * layout.replicas,
-        largest_fraction=None if opts.activations_in_budget else _largest_fraction(capacity, rt, act + graphs),
+        largest_fraction=None
+        if opts.activations_in_budget
+        else _largest_fraction(capacity, rt, act + graphs + opts.fraction_reserve_bytes) * opts.fraction_scale,
         warnings=tuple(_headroom_warnings(per_gpu) if verdict == "ok" else ())
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
@@ -250,6 +252,8 @@ def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, r
                       graphs: float) -> float:  # fmt: skip
     """vLLM's pool: the share of the whole GPU less everything else. Sized after CUDA-graph capture (0.34's
     extensible KV cache), it is also capped by what is then free less a margin, max(floor, share × peak)."""
+    if opts.kv_cache_bytes is not None:
+        return opts.kv_cache_bytes
     pool = opts.memory_fraction * capacity - weights - rt - graphs
     if opts.kv_margin is not None:
         floor, share = opts.kv_margin
@@ -305,7 +309,7 @@ def _verdict(
             f"weights ({weights / GiB:,.1f} GiB) take all of mem_fraction_static "
             f"{opts.memory_fraction:.3f} × {(capacity - rt) / GiB:,.1f} GiB free at start, leaving no KV cache",
             f"ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
-            f"{opts.memory_fraction:.3f}. Raise --mem-fraction-static above {math.ceil(minimum * 1000) / 1000:.3f} "
+            f"{opts.memory_fraction}. Raise --mem-fraction-static above {math.ceil(minimum * 1000) / 1000:.3f} "
             f"(minimum viable = 1 - available/pre = {minimum:.4f}). If using speculative decoding, draft weights "
             "are now counted.",
         )
@@ -332,7 +336,9 @@ def _verdict(
 
 def _largest_fraction(capacity: float, rt: float, outside: float) -> float:
     """The largest SGLang-style fraction (of the memory free before weights load) that leaves `outside` bytes
-    (activation peak and CUDA graphs) and the uncertainty of the CUDA-stack estimate free on the GPU."""
+    (activation peak, CUDA graphs, and what the engine reserves for needs the ledger does not size) and the
+    uncertainty of the CUDA-stack estimate (the measured single- to multi-GPU spread) free on the GPU; the engine's
+    own multiplier for multimodal models is applied on top, as it applies it to its default."""
     rt_model = runtime()
     band = rt_model.non_torch_multi_gpu.si("bytes") - rt_model.non_torch_single_gpu.si("bytes")
     return 1 - (outside + band) / (capacity - rt)

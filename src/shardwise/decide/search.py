@@ -132,7 +132,7 @@ class _Search:
             v_memory = memory_ledger(self.model, variant.layout, self.cluster)
             for v_label, v_setup, v_ledger in self._with_raised_fraction(engine, label, {**given, **options},
                                                                           variant, v_memory, version):  # fmt: skip
-                if v_ledger.verdict == "ok" and v_ledger.max_concurrency(isl=self.isl, osl=self.osl) >= 1:
+                if v_ledger.verdict == "ok" and self._holds(v_setup.layout, v_ledger):
                     self._add(engine, v_setup, self._launch(engine, v_setup), v_ledger, v_label)
                     added += 1
                 elif v_ledger.verdict == "ok" and started is None:
@@ -140,6 +140,12 @@ class _Search:
         if not added:  # say why with an option set that starts, where one does: the request is then too long
             shown, shown_memory = started or (setup, memory)
             self._fits(engine.name, self._launch(engine, shown), layout, shown_memory, hand_tried)
+
+    def _holds(self, layout: Layout | None, memory: MemoryLedger) -> bool:
+        """One request of the workload fits the context the engine serves and the KV pool."""
+        context = (layout.options.max_model_len if layout else None) or self.model.max_position_embeddings
+        within = not context or self.isl + self.osl <= context
+        return within and memory.max_concurrency(isl=self.isl, osl=self.osl) >= 1
 
     def _with_raised_fraction(self, engine: Engine, label: str, given: dict[str, Any], setup: Setup,
                               memory: MemoryLedger, version: Any) -> list[tuple[str, Setup, MemoryLedger]]:  # fmt: skip
@@ -161,6 +167,12 @@ class _Search:
         return out
 
     def _fits(self, engine: str, launch: tuple[str, ...], layout: Layout, memory: MemoryLedger, tried: bool) -> bool:
+        context = layout.options.max_model_len or self.model.max_position_embeddings
+        if context and self.isl + self.osl > context:
+            reason = (f"a request of {self.isl:,} + {self.osl:,} tokens is longer than the {context:,} tokens the "
+                      "engine serves for this model (its context length)")  # fmt: skip
+            self._exclude(engine, launch, layout.describe(), "too_long", reason, None, tried)
+            return False
         if memory.verdict != "ok":
             self._exclude(engine, launch, layout.describe(), memory.verdict, memory.reason or memory.verdict,
                           memory.engine_error, tried)  # fmt: skip

@@ -25,7 +25,7 @@ from shardwise.decide.search import Candidate, SearchResult, search
 from shardwise.decide.whatif import WhatIf, what_ifs
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import model_reference
-from shardwise.engines.flags import command_text
+from shardwise.engines.flags import HEAD_IP, command_text
 from shardwise.hardware.load import runtime
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -92,12 +92,16 @@ def theorise(
         winners=tuple(winners),
         crossovers=tuple(crossovers(winners)),
         frontier=tuple(pareto(result.candidates)),
-        verify=_verify(ranking, model_ref, isl=isl, osl=osl),
+        verify=_verify(ranking, model_ref, cluster, isl=isl, osl=osl),
         would_fit=() if result.candidates else _too_long(result) + would_fit(model, cluster, isl=isl, osl=osl),
     )
 
 
-def _verify(ranking: Ranking, model_ref: str, *, isl: int, osl: int) -> tuple[tuple[str, ...], ...]:
+def _verify(
+    ranking: Ranking, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int
+) -> tuple[tuple[str, ...], ...]:
+    """The winner's launch on each node, the engine's benchmark at the winning load, and shardwise's simulation of
+    the same (on the same cluster; the node-0 address is a plain word there, since nothing connects)."""
     if ranking.best is None:
         return ()
     win = ranking.best
@@ -105,22 +109,10 @@ def _verify(ranking: Ranking, model_ref: str, *, isl: int, osl: int) -> tuple[tu
     c = win.at.concurrency
     bench = engine.benchmark_command(model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=c,
                                      prompts=max(100, PROMPTS_PER_CLIENT * c))  # fmt: skip
-    return (
-        *win.candidate.launches,
-        tuple(bench),
-        (
-            "shardwise",
-            "simulate",
-            "--concurrency",
-            str(c),
-            "--isl",
-            str(isl),
-            "--osl",
-            str(osl),
-            "--",
-            *win.candidate.launch,
-        ),
-    )
+    launch = [token.replace(HEAD_IP, "HEAD_IP") for token in win.candidate.launch]
+    simulate = ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, "--concurrency", str(c),
+                "--isl", str(isl), "--osl", str(osl), "--", *launch)  # fmt: skip
+    return (*win.candidate.launches, tuple(bench), simulate)
 
 
 def _too_long(result: SearchResult) -> tuple[str, ...]:
@@ -128,6 +120,12 @@ def _too_long(result: SearchResult) -> tuple[str, ...]:
     n = sum(e.verdict == "too_long" for e in result.excluded)
     if not n:
         return ()
+    context = result.model.max_position_embeddings
+    if context and result.isl + result.osl > context:
+        return (
+            f"{n} setups start, but a request of {result.isl:,} + {result.osl:,} tokens is longer than the "
+            f"{context:,} tokens of {result.model.name}'s context: shorten the requests",
+        )
     return (
         f"{n} setups start, but none holds one request of {result.isl:,} + {result.osl:,} tokens in its KV pool: "
         "shorten the requests, or give the pool more room (more GPUs, FP8 KV cache)",

@@ -120,6 +120,7 @@ class FlagTable(Frozen):
     language_model_only_architectures: tuple[str, ...] = ()
     kv_sizing: tuple[dict[str, Any], ...] = Field((), description="KV-cache sizing by release (vLLM)")
     mla_default_backend: dict[str, str] = Field(default_factory=dict, description="by compute capability")
+    rocm_aiter_kv_heads: tuple[int, ...] = ()
     mla_dcp_backends: tuple[str, ...] = ()
     mla_dcp_spec_backends: tuple[str, ...] = ()
 
@@ -275,4 +276,10 @@ def head_port(default: int) -> str:
 
 def command_text(argv: list[str]) -> str:
     """The command as a shell line: tokens with a ${…} placeholder in double quotes, so the shell fills them in."""
-    return " ".join(f'"{token}"' if "${" in token else shlex.quote(token) for token in argv)
+    return " ".join(_placeholder(token) if "${" in token else shlex.quote(token) for token in argv)
+
+
+def _placeholder(token: str) -> str:
+    """A token in double quotes: the shell expands its ${…}; what else it would expand there is escaped."""
+    escaped = token.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+    return f'"{escaped}"'

@@ -88,6 +88,11 @@ class EngineOptions(Frozen):
         description="(floor bytes, share of the activation peak) kept free when the engine sizes the KV cache from "
         "the memory measured after CUDA-graph capture (vLLM's extensible KV cache); None where it does not",
     )
+    kv_cache_bytes: float | None = Field(None, description="a KV cache size the command fixes (per GPU)")
+    fraction_reserve_bytes: float = Field(
+        0.0, description="memory the engine keeps outside its fraction for needs the ledger does not size (bytes)"
+    )
+    fraction_scale: float = Field(1.0, description="the engine's own multiplier on its fraction (multimodal models)")
     prefill_cuda_graph: bool = False
     max_model_len: int | None = Field(None, description="longest request the engine must be able to hold (vLLM)")
     page_size: int | None = None

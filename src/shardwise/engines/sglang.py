@@ -15,7 +15,7 @@ from shardwise.engines.base import Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import HEAD_IP, flag_table, head_port
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
-from shardwise.engines.sglang_memory import auto_mem_fraction, prefill_graph_on, vlm_factor
+from shardwise.engines.sglang_memory import attn_dp_padding_mib, auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
 from shardwise.engines.sglang_support import mla_decode_backend
 from shardwise.spec.cluster import ClusterSpec
@@ -51,7 +51,9 @@ def _attention_dp(f: dict[str, Any], version: Version) -> list[Note]:
 
 
 def _dp_lm_head(f: dict[str, Any], version: Version) -> list[Note]:
-    if not f.get("enable_dp_lm_head") or f["attn_dp_size"] > 1:
+    """With one DP rank (replicas × attention-DP groups) the flag is turned off; with replicas but no attention DP
+    it stays on and the engine refuses it (rule dp_lm_head_needs_attn_dp)."""
+    if not f.get("enable_dp_lm_head") or f["dp_size"] * f["attn_dp_size"] > 1:
         return []
     f["enable_dp_lm_head"] = False
     return [
@@ -211,7 +213,7 @@ def effective_flags(
     return f, notes
 
 
-def layout_of(f: dict[str, Any], version: Version) -> Layout:
+def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
     """The engine-neutral placement of an effective SGLang configuration."""
     tp, spanning = f["tp_size"], f["moe_a2a_backend"] in A2A_EP_SPANNING
     attn_tp = tp // f["attn_dp_size"] // f["attn_cp_size"]
@@ -236,6 +238,8 @@ def layout_of(f: dict[str, Any], version: Version) -> Layout:
             max(1, f["max_running_requests"] // f["attn_dp_size"]) if f.get("max_running_requests") else None
         ),  # SGLang's limit is split per DP rank
         memory_fraction=f.get("mem_fraction_static"),
+        fraction_reserve_bytes=attn_dp_padding_mib(f) * 2**20,
+        fraction_scale=vlm_factor(model) if not f.get("language_model_only") else 1.0,
         memory_fraction_of="free_at_start",
         prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),
         page_size=f["page_size"],
@@ -284,7 +288,7 @@ class SGLang(FlagEngine):
         return effective_flags(given, version=version, cluster=cluster, model=model)
 
     def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
-        return layout_of(flags, version)
+        return layout_of(flags, version, model)
 
     def gpus_used(self, flags: dict[str, Any]) -> int:
         return flags["dp_size"] * flags["tp_size"] * flags["pp_size"]
@@ -353,7 +357,8 @@ def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
             for attn_dp, ep, dense in product(attn_dps, eps, denses):
                 dcps = divisors(tp // attn_dp) if model.attention.kind == "mla" and support.mla_dcp else [1]
                 for dcp in dcps:
-                    backend = mla_decode_backend({}, model, cluster.gpu.compute_capability.value) if dcp > 1 else ""
+                    capability = cluster.gpu.compute_capability.value
+                    backend = mla_decode_backend({}, model, capability, tp) if dcp > 1 else ""
                     given = {
                         "tp_size": tp,
                         "pp_size": pp,
@@ -362,10 +367,10 @@ def _candidates(model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
                         "ep_size": ep,
                         "moe_dense_tp_size": dense,
                         "dcp_size": dcp,
-                        "nnodes": cluster.nodes,
-                        "dist_init_addr": f"{HEAD_IP}:{head_port(50000)}" if cluster.nodes > 1 else None,
                         # decode CP needs an LSE-returning MLA backend; flashinfer is one wherever it runs
                         "attention_backend": "flashinfer" if backend and backend not in dcp_ok and cuda else None,
+                        "nnodes": cluster.nodes,  # the node flags last: the same in every command of a cluster
+                        "dist_init_addr": f"{HEAD_IP}:{head_port(50000)}" if cluster.nodes > 1 else None,
                     }
                     defaults = {
                         "pp_size": 1,

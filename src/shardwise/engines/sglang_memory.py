@@ -47,15 +47,21 @@ def prefill_graph_sizes(max_tokens: int) -> list[int]:
     return [s for s in sizes if s <= max_tokens]
 
 
+def attn_dp_padding_mib(f: dict[str, Any]) -> float:
+    """What SGLang reserves for attention DP's padded batches, graphs or not (reserve_for_graph_mb: max_bs ×
+    attn_dp × 3 MiB, × 1.5 more above a max batch of 300); memory the ledger does not size otherwise."""
+    if f["attn_dp_size"] == 1:
+        return 0.0
+    max_bs = f.get("cuda_graph_max_bs") or 0
+    return max_bs * f["attn_dp_size"] * (4.5 if max_bs > 300 else 3)
+
+
 def graph_reserve_mib(f: dict[str, Any], model: ModelSpec, version: Version) -> float:
     reserved = 0.0
     max_bs = f.get("cuda_graph_max_bs") or 0
     if f["cuda_graph"]:
         reserved += max_bs * 2
-    if f["attn_dp_size"] > 1:  # DP attention pads batches for some operations
-        reserved += max_bs * f["attn_dp_size"] * 3
-        if max_bs > 300:
-            reserved += max_bs * f["attn_dp_size"] * 1.5
+    reserved += attn_dp_padding_mib(f)
     if f.get("prefill_cuda_graph"):
         if model.attention.kind == "mla":
             reserved += 1536

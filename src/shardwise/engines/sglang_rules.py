@@ -130,7 +130,7 @@ def replicas_with_attn_dp(ctx: Context) -> Rejection | None:
 
 
 def moe_dp_rules(ctx: Context) -> Rejection | None:
-    """handle_moe_data_parallelism's asserts, in their order (0.5.23 arg_groups/parallel_hook.py)."""
+    """The MoE-DP asserts of handle_context_parallelism, in their order (0.5.23 arg_groups/parallel_hook.py)."""
     f = ctx.flags
     tp, mdp, ep, cp = f["tp_size"], f["moe_dp_size"], f["ep_size"], f["attn_cp_size"]
     if mdp == 1:
@@ -150,7 +150,7 @@ def moe_dp_rules(ctx: Context) -> Rejection | None:
                 rule="moe_dp",
                 reason=reason,
                 engine_error=f"AssertionError: {message}",
-                source=_src(ctx, "arg_groups/parallel_hook.py handle_moe_data_parallelism"),
+                source=_src(ctx, "arg_groups/parallel_hook.py handle_context_parallelism"),
             )
     return None
 
@@ -312,7 +312,8 @@ def multi_node(ctx: Context) -> Rejection | None:
             rule="multi_node_address",
             stage="run",
             reason=f"--nnodes {nnodes} without --dist-init-addr: each node would set up its own group on "
-            "127.0.0.1 and wait for the others; give every node --dist-init-addr <node 0's address>:<port> and "
+            "127.0.0.1 and wait for the others (with attention DP the launch fails on the empty address); give "
+            "every node --dist-init-addr <node 0's address>:<port> and "
             "its own --node-rank",
             engine_error=None,
             source=_src(ctx, "server_args.py PortArgs.init_new (dist_init_addr)"),
@@ -412,6 +413,12 @@ def feature_combinations(ctx: Context) -> Rejection | None:
             if ctx.version >= V0523
             else "two-batch overlap needs an all-to-all backend",
             "ValueError (check_two_batch_overlap)",
+        ),
+        (
+            f.get("enable_dp_lm_head") and f["attn_dp_size"] == 1,
+            "dp_lm_head_needs_attn_dp",
+            "--enable-dp-lm-head needs attention DP (with replicas alone SGLang keeps it on and refuses it)",
+            "AssertionError: --enable-dp-lm-head requires attention DP (--attn-dp-size).",
         ),
         (
             f.get("enable_two_batch_overlap") and f["moe_a2a_backend"] == "deepep_v2",

@@ -31,11 +31,12 @@ def deepep_link(ctx: Context) -> Rejection | None:
         "default all-reduce MoE path, or --deepep-mode low_latency (it runs without NVLink, and measured no faster "
         "than NCCL on PCIe)",
         engine_error=None,
-        source="DeepEP maintainers, deepseek-ai/DeepEP issues #216 and #162 (normal mode: NVLink is a must)",
+        source="deepseek-ai/DeepEP issues #216 and #162 (maintainers: normal mode needs NVLink), #462 (low-latency "
+        "mode on 8 PCIe H800: no faster than NCCL)",
     )
 
 
-def mla_decode_backend(flags: dict, model: ModelSpec, capability: str) -> str:
+def mla_decode_backend(flags: dict, model: ModelSpec, capability: str, tp_size: int) -> str:
     """The MLA decode attention backend SGLang runs: the one given, else the model's or the platform's default."""
     given = flags.get("decode_attention_backend") or flags.get("attention_backend")
     if given:
@@ -44,7 +45,8 @@ def mla_decode_backend(flags: dict, model: ModelSpec, capability: str) -> str:
     own = table.support(model.architecture, model.wrapper_architecture).mla_default_backend or {}
     defaults = {**table.mla_default_backend, **own}
     if capability.startswith("gfx"):
-        return defaults["rocm"]
+        heads = max(1, model.attention.num_kv_heads // tp_size)
+        return defaults["rocm"] if heads in table.rocm_aiter_kv_heads else defaults["rocm_other"]
     return defaults.get(capability, defaults["other"])
 
 
@@ -55,7 +57,8 @@ def dcp_backend(ctx: Context) -> Rejection | None:
     if f["dcp_size"] == 1 or model.attention.kind != "mla":
         return None
     table = flag_table("sglang")
-    backend = mla_decode_backend(f, model, ctx.cluster.gpu.compute_capability.value)
+    capability = ctx.cluster.gpu.compute_capability.value
+    backend = mla_decode_backend(f, model, capability, f["tp_size"])
     spec = f.get("speculative_algorithm")
     if spec and backend == "trtllm_mla":
         return Rejection(
@@ -73,11 +76,11 @@ def dcp_backend(ctx: Context) -> Rejection | None:
         return None
     if spec:
         reason = (f"decode CP with speculative decoding needs the LSE in target-verify steps too; the {backend} "
-                  f"backend does not return it there, and only {', '.join(allowed)} (SM100) does")  # fmt: skip
+                  "backend does not return it there; cutedsl_mla (SM100) and aiter (ROCm) do")  # fmt: skip
     else:
         default = "" if f.get("attention_backend") or f.get("decode_attention_backend") else " (the default here)"
-        fix = ("no MLA backend with the DCP path is known on ROCm" if ctx.cluster.gpu.compute_capability.value
-               .startswith("gfx") else "add --attention-backend flashinfer")  # fmt: skip
+        fix = ("aiter, the ROCm backend with the DCP path, takes 16 or 128 KV heads per rank"
+               if capability.startswith("gfx") else "add --attention-backend flashinfer")  # fmt: skip
         reason = (f"decode CP merges each rank's partial MLA attention by its LSE, which the {backend} decode "
                   f"backend{default} does not return: the first decode step (CUDA-graph capture) fails; "
                   f"{fix}")  # fmt: skip

@@ -56,38 +56,49 @@ def effective_flags(
                 source=f"vllm {version} config/model.py _get_and_verify_max_len",
             )
         )
-    sizing = table.since(table.kv_sizing, version)
-    if f.get("gpu_memory_utilization") is None:
-        f["gpu_memory_utilization"] = sizing["default_utilization"]
-    f.setdefault("block_size", sizing["default_block_size"])
-    if "margin_fraction" in sizing:
-        rocm = cluster.gpu.vendor == "amd"
-        f["kv_margin"] = (sizing["margin_floor_gib_rocm" if rocm else "margin_floor_gib"] * 2**30,
-                          sizing["margin_fraction"])  # fmt: skip
-        notes.append(
-            Note(
-                kind="rewrite",
-                message=f"the extensible KV cache is sized after CUDA-graph capture from the memory then free, within "
-                f"gpu_memory_utilization {f['gpu_memory_utilization']:g} of the GPU",
-                source=f"vllm {version} v1/worker/extensible_kv_cache.py measure_kv_cache_bytes",
-            )
-        )
+    notes += _kv_sizing(f, table.since(table.kv_sizing, version), cluster=cluster, version=version)
     f["cuda_graph"] = not f.get("enforce_eager")
     datacenter_blackwell = cluster.gpu.compute_capability.value in ("10.0", "10.3")
     f["cuda_graph_max_bs"] = min(f["max_num_seqs"] * 2, 1024 if datacenter_blackwell else 512)
     own = table.support(model.architecture, model.wrapper_architecture)
-    if own.cuda_graph_max_bs is not None and f["cuda_graph_max_bs"] != own.cuda_graph_max_bs:
-        f["cuda_graph_max_bs"] = own.cuda_graph_max_bs
+    capped = min(own.cuda_graph_max_bs or 0, f["max_num_batched_tokens"])  # capture sizes stay within the budget
+    if own.cuda_graph_max_bs is not None and f["cuda_graph_max_bs"] != capped:
+        f["cuda_graph_max_bs"] = capped
         notes.append(
             Note(
                 kind="rewrite",
-                message=f"{model.architecture} captures CUDA graphs up to batch {own.cuda_graph_max_bs}",
+                message=f"{model.architecture} captures CUDA graphs up to batch {capped}",
                 source=f"vllm {version} {own.source}",
             )
         )
     if f["pipeline_parallel_size"] > 1 and f["data_parallel_size"] > 1:
         notes.append(Note(kind="warning", message="DP ranks sit outside PP stages: each DP rank is a full pipeline"))
     return f, notes
+
+
+def _kv_sizing(f: dict[str, Any], sizing: dict[str, Any], *, cluster: ClusterSpec, version: Version) -> list[Note]:
+    """The release's KV sizing: utilization, block size, and 0.34's extensible cache, which is off where the
+    command fixes the cache's size itself (config/vllm.py _resolve_extensible_kv_cache) or turns it off."""
+    fixed = f.get("kv_cache_memory_bytes") is not None or f.get("num_gpu_blocks_override") is not None
+    extensible = "margin_fraction" in sizing and f.get("enable_extensible_kv_cache") is not False and not fixed
+    if f.get("gpu_memory_utilization") is None:
+        f["gpu_memory_utilization"] = sizing["default_utilization"] if extensible else 0.92
+    f.setdefault("block_size", sizing["default_block_size"])
+    if not extensible:
+        return []
+    rocm = cluster.gpu.vendor == "amd"
+    f["kv_margin"] = (
+        sizing["margin_floor_gib_rocm" if rocm else "margin_floor_gib"] * 2**30,
+        sizing["margin_fraction"],
+    )
+    return [
+        Note(
+            kind="rewrite",
+            message=f"the extensible KV cache is sized after CUDA-graph capture from the memory then free, within "
+            f"gpu_memory_utilization {f['gpu_memory_utilization']:g} of the GPU",
+            source=f"vllm {version} v1/worker/extensible_kv_cache.py measure_kv_cache_bytes",
+        )
+    ]
 
 
 def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
@@ -119,6 +130,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         max_running_requests=f["max_num_seqs"],
         memory_fraction=f["gpu_memory_utilization"],
         kv_margin=f.get("kv_margin"),
+        kv_cache_bytes=f.get("kv_cache_memory_bytes"),
         memory_fraction_of="total",
         activations_in_budget=True,
         max_model_len=None if f.get("max_model_len") == -1 else f.get("max_model_len") or model.max_position_embeddings,

@@ -93,8 +93,10 @@ def dcp_rules(ctx: Context) -> Rejection | None:
              "config/model.py verify_with_parallel_config"),
         ]  # fmt: skip
     for failed, message, where in checks:
-        if failed:
-            return Rejection(rule="dcp", reason=message, engine_error=f"ValueError: {message}", source=_src(ctx, where))
+        if failed:  # raised inside pydantic validators: the engine prints a ValidationError of the config
+            config = "ParallelConfig" if where.startswith("config/parallel") else "VllmConfig"
+            error = f"ValidationError: 1 validation error for {config}: Value error, {message}"
+            return Rejection(rule="dcp", reason=message, engine_error=error, source=_src(ctx, where))
     return None
 
 
@@ -180,14 +182,17 @@ def deepep_link(ctx: Context) -> Rejection | None:
         f"{ctx.cluster.intra.link.display_name}. Use allgather_reducescatter, or deepep_low_latency (it runs "
         "without NVLink, and measured no faster than NCCL on PCIe)",
         engine_error=None,
-        source="DeepEP maintainers, deepseek-ai/DeepEP issues #216 and #162 (normal mode: NVLink is a must)",
+        source="deepseek-ai/DeepEP issues #216 and #162 (maintainers: normal mode needs NVLink), #462 (low-latency "
+        "mode on 8 PCIe H800: no faster than NCCL)",
     )
 
 
 def dbo_backend(ctx: Context) -> Rejection | None:
     """Dual-batch overlap splits the batch around a DeepEP / NIXL EP all-to-all (CUDA)."""
     f = ctx.flags
-    supported = ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")  # on CUDA
+    supported: tuple[str, ...] = ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")
+    if ctx.cluster.gpu.vendor == "amd":  # the naive DP/EP path runs on the comm stream under DBO on ROCm
+        supported = (*supported, "allgather_reducescatter")
     backend = f["all2all_backend"]
     if not f.get("enable_dbo") or backend in supported:
         return None
@@ -212,10 +217,7 @@ def dbo_runner(ctx: Context) -> Rejection | None:
         for failed, label in (
             (f["pipeline_parallel_size"] > 1, "dual batch overlap with pipeline parallelism"),
             (f["prefill_context_parallel_size"] > 1, "dual batch overlap with prefill context parallelism"),
-            (
-                model.vision is not None and not f.get("language_model_only"),
-                "dual batch overlap with multimodal models",
-            ),
+            (model.vision is not None, "dual batch overlap with multimodal models"),  # --language-model-only too
             (model.linear_attention is not None, "dual batch overlap with hybrid models"),
         )
         if failed
@@ -238,7 +240,10 @@ def multi_node(ctx: Context) -> Rejection | None:
     if nodes == 1:
         return None
     world = gpus_used(f)
+    executor = f.get("distributed_executor_backend")
     checks = [
+        (executor not in (None, "mp", "uni", "external_launcher"), f"--nnodes {nodes} runs workers by multiprocessing",
+         "nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher."),
         (f["data_parallel_backend"] != "mp", f"--nnodes {nodes} needs the mp data-parallel backend",
          f"`--nnodes {nodes}` requires `--data-parallel-backend mp`; got `--data-parallel-backend "
          f"{f['data_parallel_backend']}`. Use the MP backend or set `--nnodes 1`."),
@@ -252,9 +257,9 @@ def multi_node(ctx: Context) -> Rejection | None:
     ]  # fmt: skip
     for failed, reason, message in checks:
         if failed:
-            return Rejection(rule="multi_node", reason=reason,
-                             engine_error=f"ValueError: Invalid data-parallel launch options: {message}",
-                             source=_src(ctx, "engine/arg_utils.py create_engine_config"))  # fmt: skip
+            prefix = "" if message.startswith("nnodes") else "Invalid data-parallel launch options: "
+            return Rejection(rule="multi_node", reason=reason, engine_error=f"ValueError: {prefix}{message}",
+                             source=_src(ctx, "engine/arg_utils.py, config/parallel.py"))  # fmt: skip
     if f["master_addr"] in LOOPBACK:
         return Rejection(
             rule="multi_node_address",
@@ -274,7 +279,8 @@ def enough_gpus(ctx: Context) -> Rejection | None:
     f = ctx.flags
     world = f["tensor_parallel_size"] * f["pipeline_parallel_size"] * f["prefill_context_parallel_size"]
     per_node = ctx.cluster.gpus_per_node
-    if f["nnodes"] == 1 and not f.get("distributed_executor_backend") and world > per_node:
+    cuda = ctx.cluster.gpu.vendor == "nvidia"  # ParallelConfig raises it on CUDA; elsewhere the start fails later
+    if cuda and f["nnodes"] == 1 and not f.get("distributed_executor_backend") and world > per_node:
         return Rejection(
             rule="not_enough_gpus",
             reason=f"tp × pp = {world} GPUs in one DP rank, {per_node} on this node; spread it over nodes with "

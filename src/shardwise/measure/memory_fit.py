@@ -4,7 +4,7 @@ SGLang prints the memory free before any weight loads, so the CUDA context and c
 directly: non_torch = capacity − free before weights. vLLM prints the weights it loaded and the KV memory it
 found; its pool is utilization × capacity less weights, non-torch memory, activation peak and CUDA graphs, so
 non_torch = utilization × capacity − weights − KV − activations − graphs (the last two as shardwise estimates
-them; 0.34's extensible cache is sized after graph capture, so its graphs are inside what it measured). Where the
+them; the line it prints is its estimate before graph capture, in 0.34 too). Where the
 log gives only the KV tokens, the same rule is solved for them. The fitted profile is then checked on the log's
 own KV-token count.
 """
@@ -57,8 +57,9 @@ def _non_torch(log: StartupMemory, ledger: MemoryLedger, *, model: ModelSpec, se
     if opts.memory_fraction_of == "free_at_start":  # SGLang: kv = f × (capacity − non_torch) − weights − vlm cache
         vlm = runtime().vlm_cache.si("bytes") if model.vision else 0.0
         return capacity - (kv + weights + vlm) / opts.memory_fraction
-    graphs = 0.0 if opts.kv_margin is not None else row.cuda_graph_bytes  # 0.34 measures after capture
-    return opts.memory_fraction * capacity - weights - kv - row.activation_bytes - graphs
+    # "Available KV cache memory" is the profiling estimate before graph capture in 0.33 and 0.34 alike
+    # (gpu_worker.py: requested − consumed − peak − the CUDA-graph estimate)
+    return opts.memory_fraction * capacity - weights - kv - row.activation_bytes - row.cuda_graph_bytes
 
 
 def fit_memory(log: StartupMemory, *, model: ModelSpec, setup: Setup, cluster: ClusterSpec) -> MemoryFit:

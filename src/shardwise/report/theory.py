@@ -95,8 +95,18 @@ def _memory_line(c: Candidate) -> str:
     return (
         f"Each GPU at {fraction}: weights {row.weights_bytes / gib:.1f} GiB, KV cache {row.kv_bytes / gib:.1f}, "
         f"CUDA stack and buffers {row.runtime_bytes / gib:.1f}, activation peak {row.activation_bytes / gib:.1f}, "
-        f"CUDA graphs {row.cuda_graph_bytes / gib:.1f}; {row.free_bytes / gib:.1f} GiB left over."
+        f"CUDA graphs {row.cuda_graph_bytes / gib:.1f}; {row.free_bytes / gib:.1f} GiB left over{_kept_for(opts)}."
     )
+
+
+def _kept_for(opts: Any) -> str:
+    """What the engine keeps the left-over memory for, where its fraction says so."""
+    kept = []
+    if opts.fraction_reserve_bytes:
+        kept.append(f"attention DP's padded batches ({opts.fraction_reserve_bytes / 2**30:.1f} GiB)")
+    if opts.fraction_scale < 1:
+        kept.append(f"images' activations (the engine's ×{opts.fraction_scale:.4f} for a multimodal model)")
+    return f", kept for {' and '.join(kept)}" if kept else ""
 
 
 def _slo_text(t: Theory) -> str:
