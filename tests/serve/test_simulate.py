@@ -65,6 +65,24 @@ def test_one_client_by_hand(kimi):
     assert result.tpot_s.mean == pytest.approx(cycles / 255, rel=2e-3)
 
 
+def test_a_burst_lasts_as_long_as_its_longest_request(kimi):
+    """Two requests sent at once, prefilled in one step (SGLang prefills first), then decoded together: with
+    outputs of 2 and 200 tokens the run lasts the prefill, 1 cycle at two requests and 198 at one; the same
+    400 tokens as 200 + 200 take 199 cycles at two. Throughput is the tokens over that time, so a long tail
+    halves it: what fixed mean lengths hide in a ShareGPT burst."""
+    steps, memory, _ = kimi
+    burst = dict(input=Lengths.fixed(1), output=Lengths.fixed(1), num_requests=2)
+    tail = simulate(steps, memory, WorkloadSpec(**burst, pairs=((100, 2), (100, 200))))
+    even = simulate(steps, memory, WorkloadSpec(**burst, pairs=((100, 200), (100, 200))))
+    prefill = steps.prefill_s(2, 200, 0)
+    tail_s = prefill + steps.decode_s(2, 101) + sum(steps.decode_s(1, 102 + k) for k in range(198))
+    even_s = prefill + sum(steps.decode_s(2, 101 + k) for k in range(199))
+    assert tail.duration_s == pytest.approx(tail_s, rel=2e-3)
+    assert even.duration_s == pytest.approx(even_s, rel=2e-3)
+    assert tail.output_tok_s == pytest.approx(202 / tail_s, rel=2e-3)
+    assert tail.output_tok_s < 0.6 * even.output_tok_s
+
+
 def test_kv_capacity_makes_a_plateau_and_a_queue(kimi):
     """EP8 at --mem-fraction-static 0.85 with CUDA graphs off holds 46 requests of 1024 + 1024 tokens. Beyond
     that, throughput stays flat,

@@ -18,7 +18,7 @@ from shardwise.hardware.calibration import load_calibration
 from shardwise.serve.speculative import accept_length_from_rate, spec_plan
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.drafter import drafter_block
-from shardwise.spec.workload import Lengths, bundled_lengths, read_pairs
+from shardwise.spec.workload import Lengths, dataset, read_pairs
 
 app = typer.Typer(
     help="What is the best way to serve this LLM on these GPUs, and why.",
@@ -105,16 +105,17 @@ def mean_accept_length(layout: Layout, length: float | None, rate: float | None)
 
 
 def lengths_of(
-    engine: str, name: str | None, *, isl: int, osl: int, ratio: float | None
+    engine: str, name: str | None, *, isl: int, osl: int, ratio: float | None, num_prompts: int, seed: int
 ) -> tuple[Lengths, Lengths, tuple[tuple[int, int], ...]]:
-    """Input and output lengths: a bundled set, a JSONL file, or the engine benchmark's random ranges."""
+    """Input and output lengths: a bundled dataset (sampled as the benchmark tools sample it), a JSONL file,
+    or the engine benchmark's random ranges. With pairs, the ranges say what the pairs span."""
     if name is not None:
         path = Path(name)
-        if path.suffix == ".jsonl" or path.is_file():
-            pairs = read_pairs(path)
-            return Lengths.fixed(pairs[0][0]), Lengths.fixed(pairs[0][1]), pairs
-        input_lengths, output_lengths, _ = bundled_lengths(name)
-        return input_lengths, output_lengths, ()
+        pairs = (
+            read_pairs(path) if path.suffix == ".jsonl" or path.is_file() else dataset(name).sample(num_prompts, seed)
+        )
+        inputs, outputs = [i for i, _ in pairs], [o for _, o in pairs]
+        return Lengths(low=min(inputs), high=max(inputs)), Lengths(low=min(outputs), high=max(outputs)), pairs
     if ratio is None:
         return Lengths.fixed(isl), Lengths.fixed(osl), ()
     draw_range = Lengths.vllm_random if engine == "vllm" else Lengths.sglang_random

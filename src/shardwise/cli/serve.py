@@ -44,7 +44,7 @@ from shardwise.serve.simulate import simulate as run_simulation
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import DEFAULT_MODEL, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, load_cluster
-from shardwise.spec.workload import WorkloadSpec, bundled_lengths
+from shardwise.spec.workload import WorkloadSpec, dataset
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -74,8 +74,8 @@ def simulate(
     lengths: Annotated[
         str | None,
         typer.Option(
-            help="Request lengths instead of --isl/--osl: 'sharegpt', or a JSONL file of "
-            "{input_tokens, output_tokens} per line."
+            help="Request lengths instead of --isl/--osl: 'sharegpt' (sampled and filtered as the benchmark "
+            "tools do), or a JSONL file of {input_tokens, output_tokens} per line."
         ),
     ] = None,
     num_prompts: Annotated[int, typer.Option(min=1, help="Requests per run.")] = 1000,
@@ -104,7 +104,9 @@ def simulate(
         raise SpecError(f"this setup would not start: {memory.reason or memory.verdict}")
     acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
     steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
-    input_lengths, output_lengths, pairs = lengths_of(setup.engine, lengths, isl=isl, osl=osl, ratio=range_ratio)
+    input_lengths, output_lengths, pairs = lengths_of(
+        setup.engine, lengths, isl=isl, osl=osl, ratio=range_ratio, num_prompts=num_prompts, seed=seed
+    )
     workloads = [
         WorkloadSpec(input=input_lengths, output=output_lengths, pairs=pairs, num_requests=num_prompts,
                      concurrency=c, request_rate=r, burstiness=burstiness, seed=seed)
@@ -189,8 +191,8 @@ def theorise(
         ) from None
     engines = engine_names() if framework == "all" else [get_engine(framework).name]
     if workload is not None:
-        inputs, outputs, _ = bundled_lengths(workload)
-        isl, osl = round(inputs.mean), round(outputs.mean)
+        mean_in, mean_out = dataset(workload).means
+        isl, osl = round(mean_in), round(mean_out)
     levels = int_list(concurrency, "--concurrency")
     cluster_spec = with_profile(load_cluster(gpus), profile)
     spec = load_model(model)

@@ -1,18 +1,20 @@
 """Predictions for published measurements, and how far off they are.
 
 The bundled rows (data/measurements/reference.yaml) are measurements the model covers: SGLang or vLLM,
-a bundled model, one instance, CUDA graphs on. Each row is checked as its launch command says, predicted
-at its workload, and compared metric by metric; the summary is the mean and median absolute percentage
-error per metric.
+a bundled model, one instance, CUDA graphs on. Each row is checked as its launch command says, simulated as
+its benchmark ran (the dataset's lengths, the prompts, the rate and the cap, or a static batch), and compared
+metric by metric; the summary is the mean and median absolute percentage error per metric.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from importlib import resources
 from itertools import combinations
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -23,10 +25,9 @@ from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 from shardwise.measure.importers import MeasuredLevel
 from shardwise.serve.simulate import ServeResult, simulate
-from shardwise.serve.steady import Prediction, predict
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
-from shardwise.spec.workload import Lengths, WorkloadSpec
+from shardwise.spec.workload import Lengths, WorkloadSpec, dataset
 
 METRICS = ("output_tok_s", "tpot_ms")
 
@@ -37,11 +38,16 @@ class ReferenceRow(Frozen):
     model: str
     gpus: str
     command: str
-    isl: int = Field(ge=1)
-    osl: int = Field(ge=1)
-    concurrency: int | None = Field(None, ge=1, description="clients of a closed loop")
-    request_rate: float | None = Field(None, gt=0, description="requests per second of an open loop")
-    num_prompts: int | None = Field(None, ge=1, description="requests of an open-loop run")
+    engine_version: str | None = Field(None, description="the engine release the row was measured on")
+    benchmark: Literal["serving", "one_batch"] = Field(
+        "serving", description="a served load (bench_serving, vllm bench serve) or a static batch (bench_one_batch)"
+    )
+    isl: int = Field(ge=1, description="mean prompt tokens per request (the dataset's, when it names one)")
+    osl: int = Field(ge=1, description="mean output tokens per request")
+    dataset: str | None = Field(None, description="bundled length set the requests were drawn from; none: fixed")
+    concurrency: int | None = Field(None, ge=1, description="--max-concurrency; a static batch: its size")
+    request_rate: float | None = Field(None, gt=0, description="requests per second sent; .inf: all at once")
+    num_prompts: int | None = Field(None, ge=1, description="requests of the run; none: the tools' default, 1000")
     output_tok_s: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
@@ -55,12 +61,37 @@ class ReferenceRow(Frozen):
     def _load_given(self) -> ReferenceRow:
         if self.concurrency is None and self.request_rate is None:
             raise ValueError("a measurement needs its load: concurrency (closed loop) or request_rate (open loop)")
+        if self.benchmark == "one_batch" and self.concurrency is None:
+            raise ValueError("a static batch (benchmark: one_batch) needs its size as concurrency")
+        if self.dataset is not None:
+            dataset(self.dataset)  # an unknown name is one clear error
         return self
 
     @property
     def workload(self) -> tuple:
         """What two measurements must share to be compared with each other."""
-        return (self.model, self.gpus, self.isl, self.osl, self.concurrency, self.request_rate)
+        return (self.model, self.gpus, self.benchmark, self.dataset, self.isl, self.osl, self.concurrency,
+                self.request_rate, self.num_prompts)  # fmt: skip
+
+    def workload_spec(self) -> WorkloadSpec:
+        """The requests as the benchmark sent them: a static batch all at once; a served load with its prompts,
+        rate and cap, lengths drawn from its dataset (seed 0, the tools' default) or fixed at isl / osl."""
+        if self.benchmark == "one_batch":
+            n, clients, rate = self.concurrency or 1, None, math.inf
+        else:
+            n, clients, rate = self.num_prompts or 1000, self.concurrency, self.request_rate or math.inf
+        pairs = dataset(self.dataset).sample(n, seed=0) if self.dataset else ()
+        return WorkloadSpec(input=Lengths.fixed(self.isl), output=Lengths.fixed(self.osl), pairs=pairs,
+                            num_requests=n, concurrency=clients, request_rate=rate)  # fmt: skip
+
+    def load_text(self) -> str:
+        """The load as the benchmark ran it, in a few words."""
+        if self.benchmark == "one_batch":
+            return f"batch {self.concurrency}"
+        n = self.num_prompts or 1000
+        if self.request_rate is None or math.isinf(self.request_rate):
+            return f"C={self.concurrency}" if self.concurrency else f"{n:,} at once"
+        return f"{self.request_rate:g}/s" + (f" C={self.concurrency}" if self.concurrency else "")
 
 
 class ReferenceFile(Frozen):
@@ -72,16 +103,13 @@ class ReferenceFile(Frozen):
 class Checked:
     row: ReferenceRow
     layout: str | None
-    predicted: Prediction | None  # closed loop: the steady state
     problem: str | None  # why there is no prediction (the setup would not start, as the model sees it)
-    simulated: ServeResult | None = None  # open loop: the simulation at the row's rate
+    simulated: ServeResult | None = None  # the run as the benchmark sent it
 
     def value(self, metric: str) -> float | None:
-        if self.predicted is not None:
-            return {"output_tok_s": self.predicted.output_tok_s, "tpot_ms": self.predicted.tpot_s * 1e3}[metric]
-        if self.simulated is not None:
-            return {"output_tok_s": self.simulated.output_tok_s, "tpot_ms": self.simulated.tpot_s.mean * 1e3}[metric]
-        return None
+        if self.simulated is None:
+            return None
+        return {"output_tok_s": self.simulated.output_tok_s, "tpot_ms": self.simulated.tpot_s.mean * 1e3}[metric]
 
     def error(self, metric: str) -> float | None:
         """Signed relative error (predicted − measured) / measured."""
@@ -106,21 +134,16 @@ def check_row(row: ReferenceRow) -> Checked:
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"
-        return Checked(row=row, layout=None, predicted=None, problem=reason)
+        return Checked(row=row, layout=None, problem=reason)
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
-        return Checked(row=row, layout=layout.describe(), predicted=None, problem=memory.reason)
-    if row.concurrency is None:  # an open loop: simulate the run at its rate
-        steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length)
-        workload = WorkloadSpec(input=Lengths.fixed(row.isl), output=Lengths.fixed(row.osl),
-                                num_requests=row.num_prompts or 1000, request_rate=row.request_rate or 1.0)  # fmt: skip
-        return Checked(row=row, layout=layout.describe(), predicted=None, problem=None,
-                       simulated=simulate(steps, memory, workload))  # fmt: skip
-    (predicted,) = predict(
-        checked.model, layout, cluster, memory, concurrency=[row.concurrency], isl=row.isl, osl=row.osl,
-        accept_length=row.accept_length,
-    )  # fmt: skip
-    return Checked(row=row, layout=layout.describe(), predicted=predicted, problem=None)
+        return Checked(row=row, layout=layout.describe(), problem=memory.reason)
+    steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length)
+    try:
+        result = simulate(steps, memory, row.workload_spec())
+    except SpecError as exc:  # a request the pool cannot hold
+        return Checked(row=row, layout=layout.describe(), problem=str(exc))
+    return Checked(row=row, layout=layout.describe(), problem=None, simulated=result)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Group
@@ -23,14 +24,16 @@ def _ranks_line(ranks: RankAgreement) -> str:
 
 
 def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement) -> Group:
-    table = Table(title="published measurements (CUDA graphs on) against predictions; * = speculative decoding")
-    for name in ("id", "model", "GPUs", "layout", "C", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err"):
+    table = Table(
+        title="measurements against predictions, each run simulated as its benchmark sent it; * = speculative decoding"
+    )
+    for name in ("id", "model", "GPUs", "layout", "load", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err"):
         table.add_column(name, justify="left" if name in ("id", "model", "GPUs", "layout") else "right")
     for c in checked:
         out_err, tpot_err = c.error("output_tok_s"), c.error("tpot_ms")
         table.add_row(
             c.row.id + ("*" if c.row.accept_length else ""), c.row.model, c.row.gpus, c.layout or c.problem or "",
-            str(c.row.concurrency) if c.row.concurrency else f"{c.row.request_rate:g}/s",
+            c.row.load_text() + (f" {c.row.dataset}" if c.row.dataset else ""),
             _num(c.row.output_tok_s), _num(c.value("output_tok_s")),
             "—" if out_err is None else f"{out_err:+.0%}",
             _num(c.row.tpot_ms), _num(c.value("tpot_ms")), "—" if tpot_err is None else f"{tpot_err:+.0%}",
@@ -45,6 +48,22 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
     return Group(table, *lines, Text(_ranks_line(ranks)))
 
 
+def _workload_payload(c: Checked) -> dict[str, Any]:
+    """The workload a row was simulated with, as its benchmark ran it."""
+    row, spec = c.row, c.row.workload_spec()
+    pairs = spec.pairs
+    return {
+        "benchmark": row.benchmark,
+        "dataset": row.dataset or "fixed",
+        "num_prompts": spec.num_requests,
+        "max_concurrency": spec.concurrency,
+        "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
+        "mean_input_tokens": sum(i for i, _ in pairs) / len(pairs) if pairs else row.isl,
+        "mean_output_tokens": sum(o for _, o in pairs) / len(pairs) if pairs else row.osl,
+        "engine_version": row.engine_version,
+    }
+
+
 def validation_payload(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement) -> dict[str, Any]:
     return {
         "rows": [
@@ -55,8 +74,7 @@ def validation_payload(checked: list[Checked], summary: list[ErrorSummary], rank
                 "command": c.row.command,
                 "layout": c.layout,
                 "problem": c.problem,
-                "concurrency": c.row.concurrency,
-                "request_rate": c.row.request_rate,
+                "workload": _workload_payload(c),
                 "accept_length": c.row.accept_length,
                 "measured": {m: getattr(c.row, m) for m in ("output_tok_s", "tpot_ms")},
                 "predicted": {m: c.value(m) for m in ("output_tok_s", "tpot_ms")},

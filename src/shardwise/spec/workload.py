@@ -2,19 +2,23 @@
 serve/requests.py draws the requests from it).
 
 Lengths are whole tokens: fixed, uniform over [low, high] (the benchmark tools' `random` datasets), or drawn
-from a list of (input, output) pairs (a user's JSONL file, or a bundled length set). Arrivals are a closed
+from a list of (input, output) pairs (a user's JSONL file, or a bundled dataset such as ShareGPT, sampled and
+filtered as the tools sample it). Arrivals are a closed
 loop of `concurrency` clients (`--max-concurrency`: each client sends its next request when the last one
 ends) and/or an open loop at `request_rate` requests per second with gamma-distributed gaps (`burstiness`
-1 is Poisson; both tools call the shape parameter that). Rate `inf` sends everything at once.
+1 is Poisson; both tools call the shape parameter that). Rate `inf` sends everything at once: with no
+concurrency cap that is a burst of all the requests (the tools' default `--request-rate inf`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import yaml
 from pydantic import Field, model_validator
 
@@ -67,12 +71,6 @@ class WorkloadSpec(Frozen):
     burstiness: float = Field(1.0, gt=0, description="gamma shape of the gaps between requests; 1 = Poisson")
     seed: int = 0
 
-    @model_validator(mode="after")
-    def _bounded(self) -> WorkloadSpec:
-        if self.concurrency is None and math.isinf(self.request_rate):
-            raise ValueError("give a concurrency (closed loop) or a finite request rate (open loop), or both")
-        return self
-
 
 def read_pairs(path: Path) -> tuple[tuple[int, int], ...]:
     """(input, output) token counts from a JSONL file, one object per line with `input_tokens` and
@@ -101,11 +99,66 @@ def read_pairs(path: Path) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def bundled_lengths(name: str) -> tuple[Lengths, Lengths, str]:
-    """A bundled length set by name: (input lengths, output lengths, source)."""
-    path = Path(str(resources.files("shardwise") / "data" / "workloads" / "lengths.yaml"))
-    sets = yaml.safe_load(path.read_text())
+class LengthFilter(Frozen):
+    """Which (input, output) pairs a benchmark tool keeps from a dataset."""
+
+    min_input: int = 1
+    min_output: int = 1
+    max_input: int | None = None
+    max_total: int | None = None
+
+    def keeps(self, inputs: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        kept = (inputs >= self.min_input) & (outputs >= self.min_output)
+        if self.max_input is not None:
+            kept &= inputs <= self.max_input
+        if self.max_total is not None:
+            kept &= inputs + outputs <= self.max_total
+        return kept
+
+
+class Dataset(Frozen):
+    """A bundled set of per-request token counts (data/workloads/lengths.yaml)."""
+
+    name: str
+    file: str
+    filter: LengthFilter
+    source: str
+
+    @functools.cached_property
+    def table(self) -> np.ndarray:
+        """[N, 2] (input, output) token counts of every record, in the file's order, unfiltered."""
+        path = _workloads_dir() / self.file
+        return np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+
+    @property
+    def kept(self) -> np.ndarray:
+        table = self.table
+        return table[self.filter.keeps(table[:, 0], table[:, 1])]
+
+    def sample(self, n: int, seed: int) -> tuple[tuple[int, int], ...]:
+        """n requests as the benchmark tools draw them: the records shuffled with the seed, kept in that order
+        while they pass the filter; when fewer pass than asked for, the kept ones repeat in order."""
+        table = self.table
+        order = np.random.default_rng(seed).permutation(len(table))
+        shuffled = table[order]
+        kept = shuffled[self.filter.keeps(shuffled[:, 0], shuffled[:, 1])]
+        picked = kept[np.arange(n) % len(kept)]
+        return tuple((int(i), int(o)) for i, o in picked)
+
+    @property
+    def means(self) -> tuple[float, float]:
+        kept = self.kept
+        return float(kept[:, 0].mean()), float(kept[:, 1].mean())
+
+
+def _workloads_dir() -> Path:
+    return Path(str(resources.files("shardwise") / "data" / "workloads"))
+
+
+@functools.cache
+def dataset(name: str) -> Dataset:
+    """A bundled length dataset by name."""
+    sets = yaml.safe_load((_workloads_dir() / "lengths.yaml").read_text())
     if name not in sets:
         raise SpecError(f"unknown length set {name!r}; bundled: {', '.join(sets)}, or a JSONL file of lengths")
-    entry = sets[name]
-    return Lengths(**entry["input"]), Lengths(**entry["output"]), entry["source"]
+    return Dataset(name=name, **sets[name])

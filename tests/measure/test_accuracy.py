@@ -1,0 +1,36 @@
+"""The bundled measurements' errors, as the README states them: a change that makes the predictions worse by
+more than five points on any stated median fails here (a change that makes them better should lower the
+stated figure, here and in the README)."""
+
+import pytest
+
+from shardwise.measure.reference import check_row, load_rows, rank_agreement, summarise
+
+STATED_MEDIAN = {  # README, "shardwise validate": median absolute error per group and metric
+    ("plain", "output_tok_s"): 0.47,
+    ("plain", "tpot_ms"): 0.58,
+    ("speculative", "output_tok_s"): 1.17,
+}
+SLACK = 0.05
+
+
+@pytest.fixture(scope="module")
+def checked():
+    return [check_row(row) for row in load_rows()]
+
+
+def test_every_bundled_row_is_predicted(checked):
+    assert [c.row.id for c in checked if c.simulated is None] == []
+
+
+@pytest.mark.parametrize("group, metric", sorted(STATED_MEDIAN))
+def test_median_error_stays_within_five_points_of_the_stated_figure(checked, group, metric):
+    (summary,) = [s for s in summarise(checked) if (s.group, s.metric) == (group, metric)]
+    assert summary.median_ape <= STATED_MEDIAN[group, metric] + SLACK, (
+        f"{group} {metric}: median error {summary.median_ape:.0%} against the stated {STATED_MEDIAN[group, metric]:.0%}"
+    )
+
+
+def test_rank_agreement_does_not_fall_below_the_stated_five_of_six(checked):
+    ranks = rank_agreement(checked)
+    assert ranks.pairs == 6 and ranks.concordant >= 5
