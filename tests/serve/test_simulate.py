@@ -65,6 +65,23 @@ def test_one_client_by_hand(kimi):
     assert result.tpot_s.mean == pytest.approx(cycles / 255, rel=2e-3)
 
 
+def test_decode_only_runs_no_prefill_by_hand(kimi):
+    """Prompts already cached: the first token comes from the first decode step at context isl, each of the
+    osl tokens from a cycle; the steady state agrees: running / cycle, TPOT = cycle."""
+    steps, memory, predictor = kimi
+    w = WorkloadSpec(input=Lengths.fixed(8192), output=Lengths.fixed(256), num_requests=3, concurrency=1,
+                     decode_only=True)  # fmt: skip
+    result = simulate(steps, memory, w)
+    cycles = [steps.decode_s(1, 8192 + k) for k in range(256)]
+    assert result.ttft_s.mean == pytest.approx(cycles[0], rel=2e-3)
+    assert result.e2e_s.mean == pytest.approx(sum(cycles), rel=2e-3)
+    assert result.output_tok_s == pytest.approx(256 / sum(cycles), rel=2e-3)
+    steady = predictor.predict(concurrency=8, isl=8192, osl=256, decode_only=True)
+    cycle = steps.decode(8, 8192 + 128).cycle_s
+    assert steady.tpot_s == pytest.approx(cycle) and steady.output_tok_s == pytest.approx(8 / cycle)
+    assert steady.breakdown_s["prefill"] == 0.0
+
+
 def test_a_burst_lasts_as_long_as_its_longest_request(kimi):
     """Two requests sent at once, prefilled in one step (SGLang prefills first), then decoded together: with
     outputs of 2 and 200 tokens the run lasts the prefill, 1 cycle at two requests and 198 at one; the same

@@ -27,6 +27,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (SI units) instead of tables.")]
+DecodeOnlyFlag = Annotated[
+    bool,
+    typer.Option(
+        "--decode-only",
+        help="Every prompt is in the KV cache already (a decode benchmark): price the decode steps only.",
+    ),
+]
 _state = {"debug": False}
 
 

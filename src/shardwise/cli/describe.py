@@ -10,6 +10,7 @@ from shardwise.cli.app import (
     AcceptLength,
     AcceptRate,
     CommandModel,
+    DecodeOnlyFlag,
     FrameworkOption,
     GpusOption,
     JsonFlag,
@@ -139,6 +140,7 @@ def check(
     ] = "1,8,64",
     accept_length: AcceptLength = None,
     accept_rate: AcceptRate = None,
+    decode_only: DecodeOnlyFlag = False,
     profile: ProfileOption = None,
     json: JsonFlag = False,
 ) -> None:
@@ -167,17 +169,20 @@ def check(
         else:
             predicted = predict(
                 checked.model, setup.layout, cluster_spec, memory, concurrency=levels, isl=isl, osl=osl,
-                accept_length=acceptance,
+                accept_length=acceptance, decode_only=decode_only,
             )  # fmt: skip
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
         payload["predicted"] = report_predictions.predictions_payload(predicted) if predicted else None
         payload["prediction_note"] = note
+        payload["decode_only"] = decode_only
         typer.echo(report_json.dumps(payload))
     else:
         report_table.print_renderable(report_setups.check_view(setup, checked.model, memory, isl=isl, osl=osl))
         if predicted:
-            report_table.print_renderable(report_predictions.predictions_table(predicted, isl=isl, osl=osl))
+            report_table.print_renderable(
+                report_predictions.predictions_table(predicted, isl=isl, osl=osl, decode_only=decode_only)
+            )
         if note:
             report_table.print_renderable(note)
     if report_setups.verdict(setup, memory) != "ok":

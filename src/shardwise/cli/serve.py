@@ -13,6 +13,7 @@ from shardwise.cli.app import (
     AcceptRate,
     BurstinessOption,
     CommandModel,
+    DecodeOnlyFlag,
     FrameworkOption,
     GpusOption,
     IslOption,
@@ -82,6 +83,7 @@ def simulate(
     accept_length: AcceptLength = None,
     accept_rate: AcceptRate = None,
     seed: Annotated[int, typer.Option(help="Seed of the random lengths and arrivals.")] = 0,
+    decode_only: DecodeOnlyFlag = False,
     profile: ProfileOption = None,
     json: JsonFlag = False,
 ) -> None:
@@ -109,7 +111,7 @@ def simulate(
     )
     workloads = [
         WorkloadSpec(input=input_lengths, output=output_lengths, pairs=pairs, num_requests=num_prompts,
-                     concurrency=c, request_rate=r, burstiness=burstiness, seed=seed)
+                     concurrency=c, request_rate=r, burstiness=burstiness, seed=seed, decode_only=decode_only)
         for c, r in loads
     ]  # fmt: skip
     runs = [(steps, memory)]
@@ -136,7 +138,8 @@ def simulate(
             "launch": launch,
             "layout": setup.layout.describe(),
             "workload": {"input": input_lengths.model_dump(), "output": output_lengths.model_dump(),
-                         "pairs": len(pairs), "num_prompts": num_prompts, "burstiness": burstiness, "seed": seed},
+                         "pairs": len(pairs), "num_prompts": num_prompts, "burstiness": burstiness, "seed": seed,
+                         "decode_only": decode_only},
             "accept_length": acceptance,
             "results": report_simulation.results_payload(results[0], baseline),
         }  # fmt: skip

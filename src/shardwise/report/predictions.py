@@ -39,9 +39,10 @@ def predictions_payload(predictions: list[Prediction]) -> list[dict[str, Any]]:
     return [prediction_payload(p) for p in predictions]
 
 
-def predictions_table(predictions: list[Prediction], *, isl: int, osl: int) -> Table:
+def predictions_table(predictions: list[Prediction], *, isl: int, osl: int, decode_only: bool = False) -> Table:
     parts = [k for k in PART_LABELS if any(p.breakdown_s.get(k) for p in predictions)]
-    table = Table(title=f"predicted, {isl} in / {osl} out, closed loop; ms of each output token by part")
+    loop = "closed loop, decode only (prompts cached)" if decode_only else "closed loop"
+    table = Table(title=f"predicted, {isl} in / {osl} out, {loop}; ms of each output token by part")
     for name in ("C", "run", "tok/s", "/user", "TPOT", "TTFT", "bound"):
         table.add_column(name, justify="left" if name == "bound" else "right")
     for key in parts:

@@ -110,7 +110,7 @@ class Simulation:
         share = requests if self.replicas == 1 else _every(requests, self.replicas)
         clients = None if workload.concurrency is None else max(1, math.ceil(workload.concurrency / self.replicas))
         self._check_fits(share)
-        run = _Run(self, share, clients, progress)
+        run = _Run(self, share, clients, progress, decode_only=workload.decode_only)
         run.loop()
         return run.result(workload, self.replicas)
 
@@ -131,8 +131,9 @@ def _every(requests: Requests, n: int) -> Requests:
 class _Run:
     """The state of one simulation run."""
 
-    def __init__(self, sim: Simulation, reqs: Requests, clients: int | None, progress: Callable[[int], None] | None):
-        self.sim, self.progress = sim, progress
+    def __init__(self, sim: Simulation, reqs: Requests, clients: int | None, progress: Callable[[int], None] | None,
+                 *, decode_only: bool = False):  # fmt: skip
+        self.sim, self.progress, self.decode_only = sim, progress, decode_only
         n = len(reqs)
         self.isl, self.osl = reqs.input_tokens, reqs.output_tokens.astype(float)
         self.send = reqs.send_s
@@ -222,6 +223,9 @@ class _Run:
                 i = candidates.pop()
             elif rank.waiting and self._admissible(rank, rank.waiting[0]):
                 i = rank.waiting.popleft()
+                if self.decode_only and self.done_prefill[i] == 0 and self.need[i] == self.isl[i]:
+                    self._cached(rank, i)
+                    continue
                 rank.chunked = i  # held while its prefill is under way
             else:
                 break
@@ -235,6 +239,13 @@ class _Run:
             rank.chunked = None
             rank.running.append(i)
         return batch
+
+    def _cached(self, rank: _Rank, i: int) -> None:
+        """A decode-only request: its prompt's KV is in the pool already, so it joins the decode batch at once
+        (its first token comes from its first decode step). Evicted later, it prefills what it lost."""
+        self.done_prefill[i] = self.need[i]
+        rank.held += self.need[i]
+        rank.running.append(i)
 
     def _mixed_step(self, batches: list[list[tuple[int, float]]]) -> None:
         """One step in which some ranks prefill: alone on their rank (prefill first) or beside its decode (mixed).
@@ -270,6 +281,7 @@ class _Run:
         self.stall[paused] += duration
         for rank, ids in decoding:
             self._record_itl(ids, duration, 1)
+            self._first_from_decode(ids, self.t)
             self.gen[ids] += sim.tau
             rank.held += sim.tau * len(ids)
         for rank in self.ranks:
@@ -335,6 +347,7 @@ class _Run:
         self.peak = max(self.peak, busiest)
         for rank in active:
             self._record_itl(rank.running, cycle, k)
+            self._first_from_decode(rank.running, self.t - (k - 1) * cycle)
             self.gen[rank.running] += k * sim.tau
             rank.held += k * sim.tau * len(rank.running)
         if sim.policy.reserve_ratio_start:
@@ -343,6 +356,12 @@ class _Run:
             self.ratio = max(p.reserve_ratio_min, self.ratio - k * decay)
         for rank in active:
             self._complete(rank)
+
+    def _first_from_decode(self, ids: list[int], when: float) -> None:
+        """Decode-only requests get their first token from their first decode step, ending at `when`."""
+        if self.decode_only:
+            fresh = [i for i in ids if np.isnan(self.first[i])]
+            self.first[fresh] = when
 
     def _record_itl(self, ids: list[int], cycle: float, k: int) -> None:
         """ITL samples of `k` steps of `cycle` for these requests; the first gap also holds the prefill steps

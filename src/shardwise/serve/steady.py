@@ -13,6 +13,9 @@ gives the request its first token; in the time a request takes, every running re
                        tokens; a request's own prefill is in its TTFT)
     e2e (closed loop)= C × osl / output_tok_s,   TTFT = e2e − (osl − 1) × TPOT  (≥ one prefill)
 
+Decode-only (prompts already in the KV cache, as decode benchmarks run): no prefills, every token from a cycle,
+output_tok_s = running / decode_cycle and TPOT = decode_cycle.
+
 With speculative decoding a decode cycle yields the mean accepted length τ per request, and the cycle
 time per token is the cycle ÷ τ.
 
@@ -67,7 +70,7 @@ class Predictor:
         self.chunk = self.layout.options.chunked_prefill_tokens or 8192
         self._prefills: dict[tuple[int, int, int], float] = {}
 
-    def predict(self, *, concurrency: int, isl: int, osl: int) -> Prediction:
+    def predict(self, *, concurrency: int, isl: int, osl: int, decode_only: bool = False) -> Prediction:
         cap = self.memory.max_concurrency(isl=isl, osl=osl)
         if cap < 1:
             raise ValueError(f"no request of {isl} + {osl} tokens fits: memory verdict {self.memory.verdict}")
@@ -75,11 +78,13 @@ class Predictor:
         decode = self.steps.decode(running, isl + osl // 2)
         cycle = decode.cycle_s / decode.tokens  # per output token
         parts = {k: v / decode.tokens for k, v in decode.parts_s.items()}
-        per_request, alone = self._prefill(isl, running)
+        per_request, alone = (0.0, cycle) if decode_only else self._prefill(isl, running)
         # a request's first token comes from its prefill, the other osl − 1 from decode cycles; in that time
-        # every running request is replaced once, so `running` prefills fall between the cycles
+        # every running request is replaced once, so `running` prefills fall between the cycles. Decode-only:
+        # the prompt is cached, every token comes from a decode cycle and no prefill runs.
         steps = max(1, osl - 1)
-        throughput = running * osl / ((osl - 1) * cycle + running * per_request)
+        cycles = osl if decode_only else osl - 1
+        throughput = running * osl / (cycles * cycle + running * per_request)
         tpot = cycle + (running - 1) * per_request / steps
         e2e = concurrency * osl / throughput
         ttft = max(alone, e2e - (osl - 1) * tpot)
@@ -92,8 +97,8 @@ class Predictor:
             tokens_per_step=decode.tokens,
         )  # fmt: skip
 
-    def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> list[Prediction]:
-        return [self.predict(concurrency=c, isl=isl, osl=osl) for c in concurrencies]
+    def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:
+        return [self.predict(concurrency=c, isl=isl, osl=osl, decode_only=decode_only) for c in concurrencies]
 
     def _prefill(self, isl: int, running: int) -> tuple[float, float]:
         """(prefill time per request when each rank batches prefills up to its chunk, one request's prefill
@@ -127,8 +132,10 @@ def predict(
     isl: int,
     osl: int,
     accept_length: float | None = None,
+    decode_only: bool = False,
 ) -> list[Prediction]:
     """Predicted serving figures of `layout` at each concurrency, for requests of isl in / osl out (with
-    speculative decoding, at a mean accepted length of `accept_length` tokens per step)."""
+    speculative decoding, at a mean accepted length of `accept_length` tokens per step; decode-only: prompts
+    already cached, no prefill)."""
     predictor = Predictor(model, layout, cluster, memory, accept_length=accept_length)
-    return predictor.sweep(concurrency, isl=isl, osl=osl)
+    return predictor.sweep(concurrency, isl=isl, osl=osl, decode_only=decode_only)

@@ -7,7 +7,9 @@ filtered as the tools sample it). Arrivals are a closed
 loop of `concurrency` clients (`--max-concurrency`: each client sends its next request when the last one
 ends) and/or an open loop at `request_rate` requests per second with gamma-distributed gaps (`burstiness`
 1 is Poisson; both tools call the shape parameter that). Rate `inf` sends everything at once: with no
-concurrency cap that is a burst of all the requests (the tools' default `--request-rate inf`).
+concurrency cap that is a burst of all the requests (the tools' default `--request-rate inf`). A decode-only
+workload has every prompt in the KV cache already (decode benchmarks that time only the decode steps): its
+requests hold their prompt's KV from the start and run no prefill.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class WorkloadSpec(Frozen):
     request_rate: float = Field(math.inf, gt=0, description="requests per second sent; inf = all at once")
     burstiness: float = Field(1.0, gt=0, description="gamma shape of the gaps between requests; 1 = Poisson")
     seed: int = 0
+    decode_only: bool = Field(
+        False, description="every prompt is already in the KV cache (a decode benchmark): no prefill is run or timed"
+    )
 
 
 def read_pairs(path: Path) -> tuple[tuple[int, int], ...]:
