@@ -436,3 +436,19 @@ def test_check_decode_only_prices_no_prefill():
     assert one["output_tok_s"] == pytest.approx(1e3 / one["tpot_ms"], rel=1e-3)
     assert one["breakdown"].get("prefill", 0.0) == 0.0
     assert full_one["output_tok_s"] < 0.8 * one["output_tok_s"] and full_one["ttft_ms"] > 50 * one["ttft_ms"]
+
+
+def test_check_simulates_a_benchmark_run_as_validate_does():
+    """One workload spec: check with GT32's benchmark options (vllm bench serve, ShareGPT, 1000 prompts at
+    rate inf) predicts what validate predicts for that bundled row."""
+    from shardwise.measure.reference import check_row, load_rows
+
+    (row,) = [r for r in load_rows() if r.id == "GT32"]
+    args = ["check", "--json", "--request-rate", "inf", "--lengths", "sharegpt", "--num-prompts", "1000",
+            "--model", row.model, "--gpus", row.gpus, "--", *row.command.split()]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    (simulated,) = data["simulated"]
+    assert data["predicted"] is None and simulated["completed"] == 1000
+    assert simulated["output_throughput"] == pytest.approx(check_row(row).value("output_tok_s"), rel=1e-6)

@@ -18,7 +18,7 @@ from shardwise.hardware.calibration import load_calibration
 from shardwise.serve.speculative import accept_length_from_rate, spec_plan
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.drafter import drafter_block
-from shardwise.spec.workload import Lengths, dataset, read_pairs
+from shardwise.spec.workload import Lengths, WorkloadSpec, dataset, read_pairs
 
 app = typer.Typer(
     help="What is the best way to serve this LLM on these GPUs, and why.",
@@ -64,6 +64,27 @@ OslOption = Annotated[int, typer.Option(min=1, help="Output tokens per request."
 BurstinessOption = Annotated[
     float, typer.Option(min=0.01, help="Gamma shape of the gaps between requests; 1 is Poisson.")
 ]
+RequestRateOption = Annotated[
+    str | None,
+    typer.Option(help="Requests per second of an open loop, comma-separated: one run each; inf sends all at once."),
+]
+RangeRatioOption = Annotated[
+    float | None,
+    typer.Option(
+        min=0.0,
+        max=1.0,
+        help="Random lengths, as the engine's benchmark tool draws them with "
+        "--random-range-ratio (SGLang: [ratio × len, len]; vLLM: len × [1 − ratio, 1 + ratio]); default: fixed.",
+    ),
+]
+LengthsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Request lengths instead of --isl/--osl: a bundled dataset (sharegpt, sharegpt-sglang; sampled and "
+        "filtered as the benchmark tools do), or a JSONL file of {input_tokens, output_tokens} per line."
+    ),
+]
+SeedOption = Annotated[int, typer.Option(help="Seed of the sampled lengths and arrivals.")]
 CommandModel = Annotated[
     str | None, typer.Option(help="Model, if not the one the command names (bundled, path, Hub id).")
 ]
@@ -127,6 +148,32 @@ def lengths_of(
         return Lengths.fixed(isl), Lengths.fixed(osl), ()
     draw_range = Lengths.vllm_random if engine == "vllm" else Lengths.sglang_random
     return draw_range(isl, ratio), draw_range(osl, ratio), ()
+
+
+def workloads_of(
+    engine: str,
+    *,
+    concurrency: str | None,
+    request_rate: str | None,
+    lengths: str | None,
+    isl: int,
+    osl: int,
+    range_ratio: float | None,
+    num_prompts: int,
+    burstiness: float,
+    seed: int,
+    decode_only: bool,
+) -> tuple[list[WorkloadSpec], Lengths, Lengths, tuple[tuple[int, int], ...]]:
+    """One workload per load level, as the benchmark tools would send it; and the lengths they draw from."""
+    inputs, outputs, pairs = lengths_of(
+        engine, lengths, isl=isl, osl=osl, ratio=range_ratio, num_prompts=num_prompts, seed=seed
+    )
+    workloads = [
+        WorkloadSpec(input=inputs, output=outputs, pairs=pairs, num_requests=num_prompts, concurrency=c,
+                     request_rate=r, burstiness=burstiness, seed=seed, decode_only=decode_only)
+        for c, r in loads_of(concurrency, request_rate)
+    ]  # fmt: skip
+    return workloads, inputs, outputs, pairs
 
 
 def with_profile(cluster_spec: ClusterSpec, profile: Path | None) -> ClusterSpec:

@@ -9,19 +9,25 @@ import typer
 from shardwise.cli.app import (
     AcceptLength,
     AcceptRate,
+    BurstinessOption,
     CommandModel,
     DecodeOnlyFlag,
     FrameworkOption,
     GpusOption,
     JsonFlag,
+    LengthsOption,
     ModelOption,
     OslOption,
     ProfileOption,
+    RangeRatioOption,
+    RequestRateOption,
+    SeedOption,
     VersionOption,
     app,
     int_list,
     mean_accept_length,
     with_profile,
+    workloads_of,
 )
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.cost.memory import memory_ledger
@@ -35,8 +41,11 @@ from shardwise.hardware.load import load_gpu
 from shardwise.report import json as report_json
 from shardwise.report import predictions as report_predictions
 from shardwise.report import setups as report_setups
+from shardwise.report import simulation as report_simulation
 from shardwise.report import table as report_table
+from shardwise.serve.simulate import simulate as run_simulation
 from shardwise.serve.steady import predict
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
 from shardwise.spec.weights import weight_ledger
@@ -136,8 +145,17 @@ def check(
     ] = 1024,
     osl: OslOption = 1024,
     concurrency: Annotated[
-        str, typer.Option(help="Clients to predict serving figures for, comma-separated (closed loop).")
-    ] = "1,8,64",
+        str | None,
+        typer.Option(help="Clients to predict serving figures for, comma-separated (closed loop); default 1,8,64."),
+    ] = None,
+    request_rate: RequestRateOption = None,
+    lengths: LengthsOption = None,
+    range_ratio: RangeRatioOption = None,
+    num_prompts: Annotated[
+        int | None, typer.Option(min=1, help="Requests per run: simulate them instead of the steady state.")
+    ] = None,
+    burstiness: BurstinessOption = 1.0,
+    seed: SeedOption = 0,
     accept_length: AcceptLength = None,
     accept_rate: AcceptRate = None,
     decode_only: DecodeOnlyFlag = False,
@@ -145,7 +163,9 @@ def check(
     json: JsonFlag = False,
 ) -> None:
     """Will this launch command start, how, and how fast? Give the command after --. Exit 1 if it would not
-    start. With speculative decoding, predictions need its acceptance (--accept-length or --accept-rate)."""
+    start. Fixed lengths in a closed loop are predicted in closed form (the steady state); a request rate, a
+    dataset, random lengths or a number of prompts are simulated as the benchmark tools would send them. With
+    speculative decoding, predictions need its acceptance (--accept-length or --accept-rate)."""
     if not ctx.args:
         raise SpecError(
             "give the launch command after --, e.g. shardwise check -- python -m sglang.launch_server "
@@ -160,12 +180,23 @@ def check(
             setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
         )
         memory = memory_ledger(checked.model, setup.layout, cluster_spec)
-    levels = int_list(concurrency, "--concurrency")
-    predicted, note = None, None
+    simulating = request_rate is not None or lengths is not None or range_ratio is not None or num_prompts is not None
+    if concurrency is None and not (simulating and request_rate is not None):
+        concurrency = "1,8,64"
+    levels = int_list(concurrency, "--concurrency") if concurrency else []
+    predicted, note, simulated = None, None, None
     if setup.layout is not None and memory is not None and report_setups.verdict(setup, memory) == "ok":
         acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
         if setup.layout.options.spec is not None and acceptance is None:
             note = "no predictions: speculative decoding needs its acceptance (--accept-length or --accept-rate)"
+        elif simulating:
+            workloads, *_ = workloads_of(
+                setup.engine, concurrency=concurrency, request_rate=request_rate, lengths=lengths, isl=isl, osl=osl,
+                range_ratio=range_ratio, num_prompts=num_prompts or 1000, burstiness=burstiness, seed=seed,
+                decode_only=decode_only,
+            )  # fmt: skip
+            steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
+            simulated = [run_simulation(steps, memory, w) for w in workloads]
         else:
             predicted = predict(
                 checked.model, setup.layout, cluster_spec, memory, concurrency=levels, isl=isl, osl=osl,
@@ -176,6 +207,7 @@ def check(
         payload["predicted"] = report_predictions.predictions_payload(predicted) if predicted else None
         payload["prediction_note"] = note
         payload["decode_only"] = decode_only
+        payload["simulated"] = report_simulation.results_payload(simulated, None) if simulated else None
         typer.echo(report_json.dumps(payload))
     else:
         report_table.print_renderable(report_setups.check_view(setup, checked.model, memory, isl=isl, osl=osl))
@@ -183,6 +215,11 @@ def check(
             report_table.print_renderable(
                 report_predictions.predictions_table(predicted, isl=isl, osl=osl, decode_only=decode_only)
             )
+        if simulated:
+            title = f"simulated{', decode only (prompts cached)' if decode_only else ''}" + (
+                f", {lengths} lengths" if lengths else f", {isl} in / {osl} out"
+            )
+            report_table.print_renderable(report_simulation.results_table(simulated, title=title))
         if note:
             report_table.print_renderable(note)
     if report_setups.verdict(setup, memory) != "ok":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -18,16 +19,20 @@ from shardwise.cli.app import (
     GpusOption,
     IslOption,
     JsonFlag,
+    LengthsOption,
     ModelOption,
     OslOption,
     ProfileOption,
+    RangeRatioOption,
+    RequestRateOption,
+    SeedOption,
     VersionOption,
     app,
     int_list,
-    lengths_of,
     loads_of,
     mean_accept_length,
     with_profile,
+    workloads_of,
 )
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.rank import Objective
@@ -45,7 +50,7 @@ from shardwise.serve.simulate import simulate as run_simulation
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import DEFAULT_MODEL, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, load_cluster
-from shardwise.spec.workload import WorkloadSpec, dataset
+from shardwise.spec.workload import dataset
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -57,32 +62,16 @@ def simulate(
     concurrency: Annotated[
         str | None, typer.Option(help="Clients of a closed loop, comma-separated: one run each (--max-concurrency).")
     ] = None,
-    request_rate: Annotated[
-        str | None, typer.Option(help="Requests per second of an open loop, comma-separated: one run each.")
-    ] = None,
+    request_rate: RequestRateOption = None,
     burstiness: BurstinessOption = 1.0,
     isl: IslOption = 1024,
     osl: OslOption = 1024,
-    range_ratio: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            help="Random lengths, as the engine's benchmark tool draws them with "
-            "--random-range-ratio (SGLang: [ratio × len, len]; vLLM: len × [1 − ratio, 1 + ratio]); default: fixed.",
-        ),
-    ] = None,
-    lengths: Annotated[
-        str | None,
-        typer.Option(
-            help="Request lengths instead of --isl/--osl: 'sharegpt' (sampled and filtered as the benchmark "
-            "tools do), or a JSONL file of {input_tokens, output_tokens} per line."
-        ),
-    ] = None,
+    range_ratio: RangeRatioOption = None,
+    lengths: LengthsOption = None,
     num_prompts: Annotated[int, typer.Option(min=1, help="Requests per run.")] = 1000,
     accept_length: AcceptLength = None,
     accept_rate: AcceptRate = None,
-    seed: Annotated[int, typer.Option(help="Seed of the random lengths and arrivals.")] = 0,
+    seed: SeedOption = 0,
     decode_only: DecodeOnlyFlag = False,
     profile: ProfileOption = None,
     json: JsonFlag = False,
@@ -94,7 +83,7 @@ def simulate(
             "give the launch command after --, e.g. shardwise simulate --concurrency 1,16,64 -- "
             "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8"
         )
-    loads = loads_of(concurrency, request_rate)
+    loads_of(concurrency, request_rate)  # a missing or malformed load is the first thing to say
     cluster_spec = with_profile(load_cluster(gpus), profile)
     checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
     setup = checked.setup
@@ -106,14 +95,10 @@ def simulate(
         raise SpecError(f"this setup would not start: {memory.reason or memory.verdict}")
     acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
     steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
-    input_lengths, output_lengths, pairs = lengths_of(
-        setup.engine, lengths, isl=isl, osl=osl, ratio=range_ratio, num_prompts=num_prompts, seed=seed
-    )
-    workloads = [
-        WorkloadSpec(input=input_lengths, output=output_lengths, pairs=pairs, num_requests=num_prompts,
-                     concurrency=c, request_rate=r, burstiness=burstiness, seed=seed, decode_only=decode_only)
-        for c, r in loads
-    ]  # fmt: skip
+    workloads, input_lengths, output_lengths, pairs = workloads_of(
+        setup.engine, concurrency=concurrency, request_rate=request_rate, lengths=lengths, isl=isl, osl=osl,
+        range_ratio=range_ratio, num_prompts=num_prompts, burstiness=burstiness, seed=seed, decode_only=decode_only,
+    )  # fmt: skip
     runs = [(steps, memory)]
     if acceptance is not None:  # the same command without drafting, to say what speculative decoding gains
         plain = check_command(without_speculative(ctx.args), cluster=cluster_spec, model=model, version=engine_version)
@@ -124,6 +109,8 @@ def simulate(
     with report_simulation.progress_bar(num_prompts * len(workloads) * len(runs), label="simulating") as update:
         for n, (workload, (run_steps, run_memory)) in enumerate(itertools.product(workloads, runs)):
             label = f"C={workload.concurrency}" if workload.concurrency else f"{workload.request_rate:g} req/s"
+            if workload.concurrency is None and math.isinf(workload.request_rate):
+                label = "burst"
 
             def tick(k: int, done: int = n * num_prompts, text: str = label) -> None:
                 update(text, done + k)
@@ -145,9 +132,12 @@ def simulate(
         }  # fmt: skip
         typer.echo(report_json.dumps(payload))
     else:
-        shape = (
-            f"{len(pairs)} length pairs" if pairs else f"{input_lengths.mean:,.0f} in / {output_lengths.mean:,.0f} out"
-        )
+        if pairs:
+            mean_in = sum(i for i, _ in pairs) / len(pairs)
+            mean_out = sum(o for _, o in pairs) / len(pairs)
+            shape = f"{lengths} lengths (mean {mean_in:,.0f} in / {mean_out:,.0f} out)"
+        else:
+            shape = f"{input_lengths.mean:,.0f} in / {output_lengths.mean:,.0f} out"
         title = f"simulated {setup.layout.describe()} on {cluster_spec.name}, {num_prompts} requests of {shape}"
         if acceptance:
             title += f", {acceptance:.2f} tokens kept per speculative step"

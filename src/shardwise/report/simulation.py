@@ -62,11 +62,8 @@ def results_table(results: list[ServeResult], *, title: str, baseline: list[Serv
     for name in columns + (("gain",) if baseline else ()):
         table.add_column(name, justify="right")
     for n, r in enumerate(results):
-        load = f"C={r.concurrency}" if r.concurrency else ""
-        if r.request_rate is not None:
-            load = f"{load} {r.request_rate:g}/s".strip()
         table.add_row(
-            load,
+            _short_load(r),
             f"{r.output_tok_s:,.0f}",
             _fmt(r.ttft_s.mean, 1, 2),
             _fmt(r.ttft_s.p99, 1, 2),
@@ -89,8 +86,18 @@ def results_table(results: list[ServeResult], *, title: str, baseline: list[Serv
     return table
 
 
+def _short_load(r: ServeResult) -> str:
+    load = f"C={r.concurrency}" if r.concurrency else ""
+    if r.request_rate is not None:
+        return f"{load} {r.request_rate:g}/s".strip()
+    return load or f"{r.requests:,} at once"
+
+
 def _load(r: ServeResult) -> str:
-    return f"{r.concurrency} clients" if r.concurrency else f"{r.request_rate:g} requests/s"
+    rate = f"{r.request_rate:g} requests/s" if r.request_rate else f"{r.requests:,} at once"
+    if r.concurrency:
+        return f"{r.concurrency} clients" + (f", {rate}" if r.request_rate else "")
+    return rate
 
 
 def _fmt(seconds: float, scale: float, digits: int) -> str:
