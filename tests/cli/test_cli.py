@@ -451,4 +451,4 @@ def test_check_simulates_a_benchmark_run_as_validate_does():
     data = json.loads(result.stdout)
     (simulated,) = data["simulated"]
     assert data["predicted"] is None and simulated["completed"] == 1000
-    assert simulated["output_throughput"] == pytest.approx(check_row(row).value("output_tok_s"), rel=1e-6)
+    assert simulated["output_throughput"] == pytest.approx(check_row(row).value("output_tok_s"), abs=0.006)  # 2 dp

@@ -7,8 +7,8 @@ import pytest
 from shardwise.measure.reference import check_row, load_rows, rank_agreement, summarise
 
 STATED_MEDIAN = {  # README, "shardwise validate": median absolute error per group and metric
-    ("plain", "output_tok_s"): 0.47,
-    ("plain", "tpot_ms"): 0.58,
+    ("plain", "output_tok_s"): 0.29,
+    ("plain", "tpot_ms"): 0.37,
     ("speculative", "output_tok_s"): 1.17,
 }
 SLACK = 0.05
@@ -31,6 +31,8 @@ def test_median_error_stays_within_five_points_of_the_stated_figure(checked, gro
     )
 
 
-def test_rank_agreement_does_not_fall_below_the_stated_five_of_six(checked):
+def test_rank_agreement_does_not_fall_below_the_stated_four_of_six(checked):
+    """The two pairs ordered against the measurement: GT35/GT36 (TP4 against TP4 EP4, 6 % apart measured, 1 %
+    apart predicted) and the user's TP8/PP8 (the TP8 gap the README explains)."""
     ranks = rank_agreement(checked)
-    assert ranks.pairs == 6 and ranks.concordant >= 5
+    assert ranks.pairs == 6 and ranks.concordant >= 4

@@ -68,6 +68,8 @@ class OpCost:
     time_s: float  # GPU time on the critical path
     bound: Bound
     hidden: bool = False  # overlapped with other work (two-batch overlap): not on the critical path
+    measured: str | None = None  # the kernel table its time comes from; None: priced by the roofline
+    extrapolated: bool = False  # looked up beyond the table's measured range
 
     @property
     def achieved_fraction(self) -> float:
@@ -76,17 +78,32 @@ class OpCost:
         return ideal / self.time_s if self.time_s else 1.0
 
 
-def compute_cost(op: Compute, r: Rates) -> OpCost:
+def compute_cost(op: Compute, r: Rates, measured: Measured | None = None) -> OpCost:
+    """The roofline time of one op; with a measurement of its kernels, the measured time instead (the roofline
+    terms stay, to say what bounds it)."""
     compute = op.flops / r.flops_per_s[op.dtype]
     memory = op.bytes / r.bandwidth_bytes_per_s
     launch = op.kernels * r.kernel_gpu_s
     one = max(compute, memory) + launch
     bound = "launch" if launch > max(compute, memory) else ("compute" if compute > memory else "memory")
+    if measured is not None:
+        one = measured.seconds
+        launch = min(launch, one)
     return OpCost(
         name=op.name, op_class=op.op_class, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
         flops=op.flops * op.count, bytes=op.bytes * op.count, compute_s=compute * op.count,
         memory_s=memory * op.count, comm_s=0.0, launch_s=launch * op.count, time_s=one * op.count, bound=bound,
+        measured=measured.source if measured else None, extrapolated=measured.extrapolated if measured else False,
     )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measured:
+    """One execution's time from a kernel table."""
+
+    seconds: float
+    source: str
+    extrapolated: bool
 
 
 def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None = None) -> OpCost:

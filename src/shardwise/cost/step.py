@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout
 from shardwise.hardware.load import overheads
@@ -60,6 +61,19 @@ class StepCost:
         parts = self.parts_s
         return max(parts, key=parts.__getitem__)
 
+    @property
+    def coverage(self) -> dict[str, float | list[str]]:
+        """Share of the step's GPU time on the critical path priced from measured kernel tables (the rest from
+        the roofline and the link model), the share looked up beyond a table's range, and the tables used."""
+        ops = [op for op in self.ops if not op.hidden]
+        total = sum(op.time_s for op in ops) or 1.0
+        measured = [op for op in ops if op.measured]
+        return {
+            "measured_share": sum(op.time_s for op in measured) / total,
+            "extrapolated_share": sum(op.time_s for op in measured if op.extrapolated) / total,
+            "tables": sorted({op.measured for op in measured if op.measured}),
+        }
+
     def by_class_s(self) -> dict[str, float]:
         """GPU time per op class (gemm, experts, attention, elementwise, sampling, comm), every stage."""
         out: dict[str, float] = defaultdict(float)
@@ -88,11 +102,14 @@ class StepCostModel:
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         self._comm_times: dict[tuple, float] = {}
+        self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version)
 
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
         ops = self.step_model.ops(phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens)
         costs = tuple(
-            compute_cost(op, self.rates) if isinstance(op, Compute) else comm_cost(op, self.cluster, self._comm_times)
+            compute_cost(op, self.rates, self._measured.time(op))
+            if isinstance(op, Compute)
+            else comm_cost(op, self.cluster, self._comm_times)
             for op in ops
         )
         layout = self.step_model.layout

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from shardwise.engines.layout import Layout, comm_steps, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
+from shardwise.hardware.kernel_tables import MoEShape
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
 from shardwise.spec.cluster import ClusterSpec
@@ -33,6 +34,7 @@ class _Matrix:
     params: float  # elements on this GPU
     bytes: float  # on this GPU
     dtype: str  # tensor-core dtype of its GEMM
+    fmt: str = "bf16"  # storage format name
 
 
 def _gemm_kernels(component: str, model: ModelSpec, phase: Phase) -> int:
@@ -117,6 +119,7 @@ class StepModel:
                     w.params / share + (old.params if old else 0.0),
                     w.bytes / share + (old.bytes if old else 0.0),
                     _dtype(w),
+                    w.format.name if w.format else "bf16",
                 )
             elif w.role in GEMM_ROLES:
                 mats = by_layer[w.layer]
@@ -289,6 +292,16 @@ class StepModel:
             weight_bytes=load.distinct_experts * one.bytes,
             dtype=one.dtype,
             kernels=9,  # top-k, expert map, align/sort (2), workspace zeroing, gate-up GEMM, activation, down, sum
+            moe=MoEShape(
+                weight_format=one.fmt,
+                hidden=h,
+                inter=moe.expert_intermediate_size,
+                topk=moe.top_k,
+                experts=moe.num_experts,
+                moe_tp=lay.moe_tp,
+                moe_ep=lay.moe_ep,
+            ),  # fmt: skip
+            tokens=tokens,
         )
 
     def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, rank_tokens: int, stage_tokens: int,

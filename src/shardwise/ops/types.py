@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from shardwise.hardware.collectives import Collective
+from shardwise.hardware.kernel_tables import MoEShape
 
 
 class Phase(str, Enum):
@@ -40,6 +41,8 @@ class Compute:
     weight_bytes: float  # the weights among `bytes`
     dtype: str  # tensor-core dtype that sets the FLOP rate: "bf16", "fp8", "fp4"
     kernels: int = 1  # kernel launches per execution
+    moe: MoEShape | None = None  # routed experts: the shape measured kernel tables are keyed by
+    tokens: int = 0  # tokens the op processes per execution (what a measured table is looked up at)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -32,6 +32,7 @@ def prediction_payload(p: Prediction) -> dict[str, Any]:
         "bound": p.bound,
         "breakdown": {k: round(v * 1e3, 3) for k, v in p.breakdown_s.items()},
         "by_class_ms": {k: round(v * 1e3, 3) for k, v in p.decode.by_class_s().items()},
+        "decode_coverage": p.decode.coverage,
     }
 
 

@@ -1,0 +1,28 @@
+"""Which ops take their time from measured kernel tables, and the lookup (hardware/kernel_tables.py reads them).
+
+An op family is priced from tables where data/hardware/kernel_tables.yaml turns it on (`priced`): that choice
+is made by `shardwise validate` against measurements, and stated in the README. Everything else, and any shape
+no table holds, stays on the roofline.
+"""
+
+from __future__ import annotations
+
+from shardwise.cost.roofline import Measured
+from shardwise.hardware.kernel_tables import moe_curve, spec
+from shardwise.ops.types import Compute
+
+
+class MeasuredKernels:
+    """Measured times of one GPU's kernels as one engine release runs them."""
+
+    def __init__(self, gpu: str, engine: str, release: str, *, enabled: bool = True) -> None:
+        self.gpu, self.engine, self.release = gpu, engine, release
+        self.families = set(spec().priced) if enabled else set()
+
+    def time(self, op: Compute) -> Measured | None:
+        if op.moe is not None and "moe" in self.families:
+            curve = moe_curve(self.gpu, self.engine, self.release, op.moe)
+            if curve is not None:
+                seconds, beyond = curve.time_s(op.tokens)
+                return Measured(seconds=seconds, source=curve.source, extrapolated=beyond)
+        return None

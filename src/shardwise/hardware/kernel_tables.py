@@ -1,0 +1,192 @@
+"""Measured kernel times from the silicon tables of aiconfigurator-core (data/hardware/kernel_tables.yaml says
+which package version, which system each GPU is, and how our weight formats name theirs).
+
+This module owns the mapping from a shardwise op to a table row set: `moe_curve(gpu, engine, release, shape)`
+returns the measured latency of the routed-expert kernels of one shape against the tokens entering them, from
+the newest table release at or below the engine release modelled (or the oldest there is, flagged), or None
+when no table holds that shape. Lookups interpolate log-log between measured token counts; beyond the last
+one they scale linearly from it (flagged as extrapolated). Only the row set a run asks for is read, once per
+process; it is kept under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel
+
+from shardwise.hardware.load import data_dir, read_yaml, validate
+
+
+class MoETables(BaseModel):
+    table: str
+    distribution: str
+    dtypes: dict[str, str]
+
+
+class KernelTablesSpec(BaseModel):
+    package: str
+    version: str
+    priced: list[str]  # op families priced from tables (the rest: the roofline)
+    systems: dict[str, str]
+    moe: MoETables
+
+
+@cache
+def spec() -> KernelTablesSpec:
+    path = data_dir() / "kernel_tables.yaml"
+    return validate(KernelTablesSpec, read_yaml(path), origin=str(path))
+
+
+@cache
+def _package_root() -> Path | None:
+    """The installed package's system data, when it is installed at the pinned version."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        if version(spec().package) != spec().version:
+            return None
+        return Path(str(resources.files("aiconfigurator_core") / "systems" / "data"))
+    except (ModuleNotFoundError, PackageNotFoundError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class MoEShape:
+    """The routed-expert block of one layer as the tables key it: the whole model's expert shape and how one
+    GPU's share is cut (expert parallel over moe_ep ranks, each expert's width over moe_tp)."""
+
+    weight_format: str  # shardwise format name of the expert weights
+    hidden: int
+    inter: int
+    topk: int
+    experts: int
+    moe_tp: int
+    moe_ep: int
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Measured seconds against tokens, for one shape, from one table."""
+
+    tokens: np.ndarray  # ascending
+    seconds: np.ndarray
+    source: str  # e.g. "aiconfigurator-core 0.12.0 rtx_pro_6000_server sglang 0.5.14 moe_perf (sglang_marlin_moe)"
+    release: str  # the engine release that measured it
+
+    def time_s(self, tokens: float) -> tuple[float, bool]:
+        """(seconds at `tokens`, whether that is beyond the measured range)."""
+        t = max(float(tokens), 1.0)
+        lo, hi = self.tokens[0], self.tokens[-1]
+        if t <= lo:
+            return float(self.seconds[0]), bool(t < lo)
+        if t >= hi:
+            return float(self.seconds[-1]) * t / hi, bool(t > hi)
+        log_s = np.interp(math.log(t), np.log(self.tokens), np.log(self.seconds))
+        return float(math.exp(log_s)), False
+
+
+def _releases(root: Path, system: str, family: str, engine: str) -> list[str]:
+    folder = root / system / family / engine
+    if not folder.is_dir():
+        return []
+    found = []
+    for child in folder.iterdir():
+        try:
+            Version(child.name)
+        except InvalidVersion:
+            continue
+        found.append(child.name)
+    return sorted(found, key=Version, reverse=True)
+
+
+def _ordered(releases: list[str], modelled: str) -> list[str]:
+    """Releases to try: at or below the modelled one, newest first; then the newer ones, oldest first."""
+    target = Version(modelled)
+    below = [r for r in releases if Version(r) <= target]
+    above = sorted((r for r in releases if Version(r) > target), key=Version)
+    return below + above
+
+
+@cache
+def moe_curve(gpu: str, engine: str, release: str, shape: MoEShape) -> Curve | None:
+    """The measured routed-expert latency curve of `shape` on `gpu`, or None where no table holds it."""
+    root, cfg = _package_root(), spec()
+    system = cfg.systems.get(gpu)
+    dtype = cfg.moe.dtypes.get(shape.weight_format)
+    if root is None or system is None or dtype is None:
+        return None
+    for table_release in _ordered(_releases(root, system, "moe", engine), release):
+        rows = _moe_rows(root, system, engine, table_release, dtype, shape.hidden, shape.experts)
+        if rows is None:
+            continue
+        keep = (
+            (rows["inter_size"] == shape.inter)
+            & (rows["topk"] == shape.topk)
+            & (rows["moe_tp_size"] == shape.moe_tp)
+            & (rows["moe_ep_size"] == shape.moe_ep)
+            & (rows["distribution"] == cfg.moe.distribution)
+        )
+        if keep.sum() < 2:
+            continue
+        tokens, seconds = rows["num_tokens"][keep], rows["latency"][keep] / 1e3
+        tokens, first = np.unique(tokens, return_index=True)  # a repeated key: the first row, as the package does
+        kernel = str(rows["kernel_source"][keep][0])
+        label = f"{cfg.package} {cfg.version} {system} {engine} {table_release} moe_perf ({kernel})"
+        return Curve(tokens=tokens.astype(float), seconds=seconds[first], source=label, release=table_release)
+    return None
+
+
+MOE_COLUMNS = ("kernel_source", "num_tokens", "inter_size", "topk", "moe_tp_size", "moe_ep_size", "distribution",
+               "latency")  # fmt: skip
+
+
+def cache_dir() -> Path:
+    """Where row sets read from the tables are kept between runs ($SHARDWISE_CACHE, else the user's cache)."""
+    base = os.environ.get("SHARDWISE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shardwise"
+    )
+    return Path(base) / "kernel-tables" / spec().version
+
+
+@cache
+def _moe_rows(root: Path, system: str, engine: str, release: str, dtype: str, hidden: int,
+              experts: int) -> dict[str, np.ndarray] | None:  # fmt: skip
+    """The rows of one MoE table for one expert shape: from the cache when an earlier run read them."""
+    kept = cache_dir() / f"moe-{system}-{engine}-{release}-{dtype}-{hidden}-{experts}.npz"
+    if kept.is_file():
+        with np.load(kept, allow_pickle=False) as saved:
+            rows = {name: saved[name] for name in saved.files}
+        return rows or None
+    path = root / system / spec().moe.table.format(framework=engine, release=release)
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq  # imported here: only a run that reads a table afresh pays for it
+
+    table = pq.read_table(
+        path,
+        columns=list(MOE_COLUMNS),
+        filters=[("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("num_experts", "=", experts)],
+    )
+    rows = {name: np.asarray(table.column(name).to_pylist()) for name in MOE_COLUMNS} if table.num_rows else {}
+    _keep(kept, rows)
+    return rows or None
+
+
+def _keep(path: Path, rows: dict[str, np.ndarray]) -> None:
+    """Save a row set for the next run; a cache that cannot be written is only slower, never an error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
+            np.savez(handle, **rows)
+        os.replace(handle.name, path)
+    except OSError:
+        return
