@@ -36,3 +36,15 @@ def test_rank_agreement_does_not_fall_below_the_stated_four_of_six(checked):
     apart predicted) and the user's TP8/PP8 (the TP8 gap the README explains)."""
     ranks = rank_agreement(checked)
     assert ranks.pairs == 6 and ranks.concordant >= 4
+
+
+def test_each_row_says_how_much_of_its_step_came_from_tables(checked):
+    """Qwen3-235B on H100 under vLLM reads vLLM 0.24.0's H100 MoE table; DeepSeek-V3 on MI300X has no table
+    (the package holds no AMD system): its step is all roofline."""
+    by = {c.row.id: c for c in checked}
+    gt32, gt22 = by["GT32"].coverage, by["GT22"].coverage
+    assert gt32 is not None and gt22 is not None
+    assert gt32["measured_share"] > 0.3 and gt32["tables"] == [
+        "aiconfigurator-core 0.12.0 h100_sxm vllm 0.24.0 moe_perf (vllm_unquantizedfusedmoe_triton_tritonexperts)"
+    ]
+    assert gt22["measured_share"] == 0.0 and gt22["tables"] == []

@@ -105,6 +105,7 @@ class Checked:
     layout: str | None
     problem: str | None  # why there is no prediction (the setup would not start, as the model sees it)
     simulated: ServeResult | None = None  # the run as the benchmark sent it
+    coverage: dict | None = None  # the decode step at the run's mean batch: share priced from kernel tables
 
     def value(self, metric: str) -> float | None:
         if self.simulated is None:
@@ -143,7 +144,12 @@ def check_row(row: ReferenceRow) -> Checked:
         result = simulate(steps, memory, row.workload_spec())
     except SpecError as exc:  # a request the pool cannot hold
         return Checked(row=row, layout=layout.describe(), problem=str(exc))
-    return Checked(row=row, layout=layout.describe(), problem=None, simulated=result)
+    ranks = max(1, memory.ranks)
+    running = max(1, round(result.mean_running * ranks))  # the whole layout's batch at the run's mean
+    pairs = row.workload_spec().pairs
+    context = sum(i + o / 2 for i, o in pairs) / len(pairs) if pairs else row.isl + row.osl / 2
+    coverage = steps.decode(running, int(context)).step.coverage
+    return Checked(row=row, layout=layout.describe(), problem=None, simulated=result, coverage=coverage)
 
 
 @dataclass(frozen=True, kw_only=True)

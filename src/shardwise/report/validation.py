@@ -27,7 +27,8 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
     table = Table(
         title="measurements against predictions, each run simulated as its benchmark sent it; * = speculative decoding"
     )
-    for name in ("id", "model", "GPUs", "layout", "load", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err"):
+    for name in ("id", "model", "GPUs", "layout", "load", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err",
+                 "tables"):  # fmt: skip
         table.add_column(name, justify="left" if name in ("id", "model", "GPUs", "layout") else "right")
     for c in checked:
         out_err, tpot_err = c.error("output_tok_s"), c.error("tpot_ms")
@@ -37,7 +38,9 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
             _num(c.row.output_tok_s), _num(c.value("output_tok_s")),
             "—" if out_err is None else f"{out_err:+.0%}",
             _num(c.row.tpot_ms), _num(c.value("tpot_ms")), "—" if tpot_err is None else f"{tpot_err:+.0%}",
+            "—" if c.coverage is None else f"{c.coverage['measured_share']:.0%}",
         )  # fmt: skip
+    table.caption = "tables = share of a decode step at the run's mean batch priced from measured kernel tables"
     lines = [
         Text(
             f"{s.group} {s.metric}: mean absolute error {s.mape:.0%}, median {s.median_ape:.0%} over {s.rows} rows "
@@ -75,6 +78,7 @@ def validation_payload(checked: list[Checked], summary: list[ErrorSummary], rank
                 "layout": c.layout,
                 "problem": c.problem,
                 "workload": _workload_payload(c),
+                "decode_coverage": c.coverage,
                 "accept_length": c.row.accept_length,
                 "measured": {m: getattr(c.row, m) for m in ("output_tok_s", "tpot_ms")},
                 "predicted": {m: c.value(m) for m in ("output_tok_s", "tpot_ms")},
