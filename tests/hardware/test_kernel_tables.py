@@ -6,7 +6,7 @@ import pytest
 
 from shardwise.engines.check import check_command
 from shardwise.hardware import kernel_tables
-from shardwise.hardware.kernel_tables import MoEShape, moe_curve
+from shardwise.hardware.kernel_tables import MLADecodeShape, MoEShape, mla_decode_grid, moe_curve
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
 
@@ -59,7 +59,7 @@ def test_a_cached_row_set_reads_back_the_same(tmp_path, monkeypatch):
 
 def test_the_users_ep8_decode_step_prices_its_experts_from_the_table():
     """TP8 EP8 on 8× RTX PRO 6000 at 64 running requests: each of the 60 MoE layers takes the table's 64-token
-    time, and the coverage says which share of the step that is."""
+    time, attention its MLA decode time, and the coverage says which share of the step those are."""
     cluster = load_cluster("8xrtx-pro-6000")
     command = ("python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp 8 --ep 8 "
                "--mem-fraction-static 0.85")  # fmt: skip
@@ -67,7 +67,32 @@ def test_the_users_ep8_decode_step_prices_its_experts_from_the_table():
     step = StepTimes(checked.model, checked.setup.layout, cluster).decode(64, 2048).step
     (experts,) = [op for op in step.ops if op.name == "routed experts"]
     assert experts.count == 60 and experts.time_s == pytest.approx(60 * ROWS_MS[64] / 1e3, rel=1e-4)
+    attention = [op for op in step.ops if op.name == "attention"]  # the dense layer's and the 60 MoE layers'
+    assert sum(op.count for op in attention) == 61
+    assert all(op.measured and "generation_mla_perf" in op.measured for op in attention)  # bf16 KV: in the table
     coverage = step.coverage
     total = sum(op.time_s for op in step.ops if not op.hidden)
-    assert coverage["measured_share"] == pytest.approx(experts.time_s / total)
-    assert coverage["tables"] == [experts.measured] and coverage["extrapolated_share"] == 0.0
+    measured = experts.time_s + sum(op.time_s for op in attention)
+    assert coverage["measured_share"] == pytest.approx(measured / total)
+    assert coverage["tables"] == sorted({experts.measured, attention[0].measured})
+    assert coverage["extrapolated_share"] == 0.0
+
+
+# rtx_pro_6000_server/mla/sglang/0.5.14/generation_mla_perf.parquet, triton, bf16 KV, 8 local heads (Kimi at
+# attention TP8), KV length 4096 (step 4095): latency in ms at batch 1, 4, 64 and 256
+MLA_ROWS_MS = {1: 0.044803, 4: 0.041270, 64: 0.247818, 256: 0.910170}
+
+
+def test_the_mla_decode_grid_is_the_packages_rows_and_fp8_kv_has_none_on_this_gpu():
+    grid = mla_decode_grid("rtx-pro-6000-server", "sglang", "0.5.23", MLADecodeShape(heads=8, kv_bytes=2))
+    assert grid is not None and grid.release == "0.5.14" and "generation_mla_perf (triton)" in grid.source
+    for batch, ms in MLA_ROWS_MS.items():
+        found = grid.time_s(batch, 4096)
+        assert found is not None and found[0] == pytest.approx(ms / 1e3, rel=1e-4) and not found[1]
+    # halfway between two measured batches in log batch (8 and 16), at a measured length: the geometric mean
+    (i,) = [k for k, b in enumerate(grid.batch) if b == 8]
+    (j,) = [k for k, n in enumerate(grid.kv_len) if n == 4096]
+    expected = math.sqrt(grid.seconds[i, j] * grid.seconds[i + 1, j])
+    assert grid.time_s(math.sqrt(8 * 16), 4096) == (pytest.approx(expected, rel=1e-9), False)
+    assert grid.time_s(512, 4096) == (pytest.approx(2 * MLA_ROWS_MS[256] / 1e3, rel=1e-4), True)
+    assert mla_decode_grid("rtx-pro-6000-server", "sglang", "0.5.23", MLADecodeShape(heads=8, kv_bytes=1)) is None

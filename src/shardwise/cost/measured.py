@@ -8,7 +8,7 @@ no table holds, stays on the roofline.
 from __future__ import annotations
 
 from shardwise.cost.roofline import Measured
-from shardwise.hardware.kernel_tables import moe_curve, spec
+from shardwise.hardware.kernel_tables import mla_decode_grid, moe_curve, spec
 from shardwise.ops.types import Compute
 
 
@@ -25,4 +25,9 @@ class MeasuredKernels:
             if curve is not None:
                 seconds, beyond = curve.time_s(op.tokens)
                 return Measured(seconds=seconds, source=curve.source, extrapolated=beyond)
+        if op.mla_decode is not None and "mla_decode" in self.families:
+            grid = mla_decode_grid(self.gpu, self.engine, self.release, op.mla_decode)
+            found = grid.time_s(op.tokens, op.context) if grid is not None else None
+            if grid is not None and found is not None:
+                return Measured(seconds=found[0], source=grid.source, extrapolated=found[1])
         return None

@@ -32,12 +32,18 @@ class MoETables(BaseModel):
     dtypes: dict[str, str]
 
 
+class MLADecodeTables(BaseModel):
+    table: str
+    kv_dtypes: dict[str, str]  # KV bytes per element → the table's kv_cache_dtype
+
+
 class KernelTablesSpec(BaseModel):
     package: str
     version: str
     priced: list[str]  # op families priced from tables (the rest: the roofline)
     systems: dict[str, str]
     moe: MoETables
+    mla_decode: MLADecodeTables
 
 
 @cache
@@ -71,6 +77,47 @@ class MoEShape:
     experts: int
     moe_tp: int
     moe_ep: int
+
+
+@dataclass(frozen=True, slots=True)
+class MLADecodeShape:
+    """Absorbed MLA decode attention on one GPU as the tables key it: its local query heads and the bytes of
+    each cached latent element."""
+
+    heads: int
+    kv_bytes: int
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Measured seconds over (batch, KV length), for one shape, from one table; NaN where a cell was not
+    measured."""
+
+    batch: np.ndarray  # ascending
+    kv_len: np.ndarray  # ascending
+    seconds: np.ndarray  # [batch, kv_len]
+    source: str
+    release: str
+
+    def time_s(self, batch: float, kv_len: float) -> tuple[float, bool] | None:
+        """(seconds, whether beyond the measured range): log-bilinear between the four measured cells around the
+        point; beyond the largest batch, linear in batch from it. None where a cell it needs was not measured."""
+        b, k = max(float(batch), 1.0), min(max(float(kv_len), float(self.kv_len[0])), float(self.kv_len[-1]))
+        beyond = b > self.batch[-1] or kv_len > self.kv_len[-1]
+        scale = 1.0
+        if b > self.batch[-1]:
+            scale, b = b / self.batch[-1], float(self.batch[-1])
+        i = int(np.clip(np.searchsorted(self.batch, b) - 1, 0, len(self.batch) - 2))
+        j = int(np.clip(np.searchsorted(self.kv_len, k) - 1, 0, len(self.kv_len) - 2))
+        cells = self.seconds[i : i + 2, j : j + 2]
+        if np.isnan(cells).any():
+            return None
+        fb = (math.log(b) - math.log(self.batch[i])) / (math.log(self.batch[i + 1]) - math.log(self.batch[i]))
+        fk = (math.log(k) - math.log(self.kv_len[j])) / (math.log(self.kv_len[j + 1]) - math.log(self.kv_len[j]))
+        logs = np.log(cells)
+        row = logs[:, 0] + (logs[:, 1] - logs[:, 0]) * min(max(fk, 0.0), 1.0)
+        value = row[0] + (row[1] - row[0]) * min(max(fb, 0.0), 1.0)
+        return float(math.exp(value)) * scale, bool(beyond)
 
 
 @dataclass(frozen=True)
@@ -190,3 +237,55 @@ def _keep(path: Path, rows: dict[str, np.ndarray]) -> None:
         os.replace(handle.name, path)
     except OSError:
         return
+
+
+@cache
+def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) -> Grid | None:
+    """The measured MLA decode attention of `shape` on `gpu` over (batch, KV length), or None."""
+    root, cfg = _package_root(), spec()
+    system = cfg.systems.get(gpu)
+    kv_dtype = cfg.mla_decode.kv_dtypes.get(str(shape.kv_bytes))
+    if root is None or system is None or kv_dtype is None:
+        return None
+    for table_release in _ordered(_releases(root, system, "mla", engine), release):
+        rows = _rows(root / system / cfg.mla_decode.table.format(framework=engine, release=table_release),
+                     f"mla-decode-{system}-{engine}-{table_release}-{kv_dtype}",
+                     MLA_COLUMNS, (("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16")))  # fmt: skip
+        if rows is None:
+            continue
+        keep = rows["num_heads"] == shape.heads
+        if keep.sum() < 4:
+            continue
+        batch, kv_len = rows["batch_size"][keep], rows["step"][keep] + 1  # `step` tokens cached before this one
+        seconds = rows["latency"][keep] / 1e3
+        batches, lens = np.unique(batch), np.unique(kv_len)
+        grid = np.full((len(batches), len(lens)), np.nan)
+        for b, k, t in zip(batch[::-1], kv_len[::-1], seconds[::-1], strict=True):  # a repeated key: the first row
+            grid[np.searchsorted(batches, b), np.searchsorted(lens, k)] = t
+        kernel = str(rows["kernel_source"][keep][0])
+        label = f"{cfg.package} {cfg.version} {system} {engine} {table_release} generation_mla_perf ({kernel})"
+        return Grid(batch=batches.astype(float), kv_len=lens.astype(float), seconds=grid, source=label,
+                    release=table_release)  # fmt: skip
+    return None
+
+
+MLA_COLUMNS = ("kernel_source", "num_heads", "batch_size", "step", "latency")
+
+
+@cache
+def _rows(path: Path, key: str, columns: tuple[str, ...],
+          filters: tuple[tuple[str, str, object], ...]) -> dict[str, np.ndarray] | None:  # fmt: skip
+    """The rows of one table that pass `filters`: from the cache when an earlier run read them."""
+    kept = cache_dir() / f"{key}.npz"
+    if kept.is_file():
+        with np.load(kept, allow_pickle=False) as saved:
+            rows = {name: saved[name] for name in saved.files}
+        return rows or None
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq  # imported here: only a run that reads a table afresh pays for it
+
+    table = pq.read_table(path, columns=list(columns), filters=list(filters))
+    rows = {name: np.asarray(table.column(name).to_pylist()) for name in columns} if table.num_rows else {}
+    _keep(kept, rows)
+    return rows or None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from shardwise.engines.layout import Layout, comm_steps, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
-from shardwise.hardware.kernel_tables import MoEShape
+from shardwise.hardware.kernel_tables import MLADecodeShape, MoEShape
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
 from shardwise.spec.cluster import ClusterSpec
@@ -256,6 +256,9 @@ class StepModel:
             cache_share = max(1, kv_heads // max(1, lay.attn_tp)) / kv_heads / lay.dcp
         flops = requests * new_tokens * heads * seen * per_pair / lay.dcp
         kv_bytes = requests * cached * per_token_cache * cache_share
+        measured_shape = None
+        if att.kind == "mla" and phase is Phase.DECODE and new_tokens == 1 and lay.dcp == 1:
+            measured_shape = MLADecodeShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
         return Compute(
             name="attention",
             op_class=OpClass.ATTENTION,
@@ -266,6 +269,9 @@ class StepModel:
             weight_bytes=0.0,
             dtype="bf16",
             kernels=2,  # split-KV partials + merge
+            mla_decode=measured_shape,
+            tokens=requests,
+            context=int(cached),
         )
 
     def _routed_experts(self, kind: tuple[str, str], stage: int, count: int, tokens: int) -> Compute:

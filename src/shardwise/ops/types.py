@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from shardwise.hardware.collectives import Collective
-from shardwise.hardware.kernel_tables import MoEShape
+from shardwise.hardware.kernel_tables import MLADecodeShape, MoEShape
 
 
 class Phase(str, Enum):
@@ -42,7 +42,9 @@ class Compute:
     dtype: str  # tensor-core dtype that sets the FLOP rate: "bf16", "fp8", "fp4"
     kernels: int = 1  # kernel launches per execution
     moe: MoEShape | None = None  # routed experts: the shape measured kernel tables are keyed by
+    mla_decode: MLADecodeShape | None = None  # absorbed MLA decode attention: likewise
     tokens: int = 0  # tokens the op processes per execution (what a measured table is looked up at)
+    context: int = 0  # attention: tokens cached per request, this step's included
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
