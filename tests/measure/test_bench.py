@@ -18,21 +18,23 @@ TTFT, TPOT = 2.0, 0.02  # a long prefill, as under load
 
 @pytest.mark.parametrize("concurrency", [1, 32])
 def test_measures_the_configured_ttft_and_tpot(concurrency):
-    """The client sends requests one after another on its event loop (httpx: about a millisecond each), so 32
-    requests sent at once read ~30 ms late on TTFT, and up to ~100 ms on a busy two-core machine; against a
-    two-second TTFT that stays within 5 %."""
+    """The server waits exactly TTFT before the first token and TPOT between tokens, so nothing the client
+    measures can be shorter (but for a few ms of delivery jitter between the first and last token: 2 %); a busy
+    machine only adds time (the client sends requests one after another on its event loop, about a millisecond
+    each), so the upper bounds leave room for it. A wrong definition misses the lower bounds: TPOT over osl
+    instead of osl − 1 reads 4 % short."""
     with FakeServer(Speed(ttft_s=TTFT, tpot_s=TPOT)) as server:
         level = asyncio.run(run_level(Target(url=server.url, model="m"), isl=64, osl=24, num_prompts=max(4,
                                       concurrency * 2), concurrency=concurrency))  # fmt: skip
     assert level.failed == 0 and level.completed == level.num_prompts
-    assert level.ttft_s.mean == pytest.approx(TTFT, rel=0.05)
-    assert level.tpot_s.mean == pytest.approx(TPOT, rel=0.05)
-    assert level.itl_s.p50 == pytest.approx(TPOT, rel=0.05)
-    assert level.e2e_s.mean == pytest.approx(TTFT + 23 * TPOT, rel=0.05)
+    assert TTFT <= level.ttft_s.mean < TTFT * 1.1
+    assert TPOT * 0.98 <= level.tpot_s.mean < TPOT * 1.5
+    assert TPOT * 0.98 <= level.itl_s.p50 < TPOT * 1.5
+    assert TTFT + 23 * TPOT <= level.e2e_s.mean < (TTFT + 23 * TPOT) * 1.25
     assert level.output_tokens == 24 * level.completed  # from the usage the server reports
     # a closed loop of C clients: each client's requests run back to back
     expected = level.num_prompts / concurrency * (TTFT + 23 * TPOT)
-    assert level.duration_s == pytest.approx(expected, rel=0.10)
+    assert expected <= level.duration_s < expected * 1.25
 
 
 def test_the_chat_endpoint_too():
@@ -43,13 +45,16 @@ def test_the_chat_endpoint_too():
 
 
 def test_dropped_streams_are_counted_and_the_rest_kept():
-    with FakeServer(Speed(ttft_s=0.02, tpot_s=0.005, drop_every=3, drop_after=4)) as server:
+    """The server waits 50 ms between tokens, so no measured TPOT can be shorter; a busy machine only adds to
+    it (the bound above allows 25 ms of scheduling delay per token, five times what a loaded two-core machine
+    was seen to add)."""
+    with FakeServer(Speed(ttft_s=0.02, tpot_s=0.05, drop_every=3, drop_after=4)) as server:
         level = asyncio.run(run_level(Target(url=server.url), isl=16, osl=12, num_prompts=12, concurrency=4,
                                       warmup=False))  # fmt: skip
     assert level.failed == 4 and level.completed == 8  # every third stream of 12 is cut
     assert level.errors == {"stream cut short": 4}
     assert level.output_tokens == 8 * 12  # only what completed counts
-    assert level.tpot_s.mean == pytest.approx(0.005, rel=0.25)
+    assert 0.05 * 0.98 <= level.tpot_s.mean < 0.05 * 1.5
 
 
 def test_an_unreachable_server_is_one_clear_error():
