@@ -44,16 +44,16 @@ def test_no_table_no_curve():
 
 def test_a_cached_row_set_reads_back_the_same(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDWISE_CACHE", str(tmp_path))
-    kernel_tables._moe_rows.cache_clear()
+    kernel_tables._rows.cache_clear()
     moe_curve.cache_clear()
     fresh = moe_curve("rtx-pro-6000-server", "sglang", "0.5.23", KIMI_EP8)
     assert list(tmp_path.rglob("*.npz"))
-    kernel_tables._moe_rows.cache_clear()
+    kernel_tables._rows.cache_clear()
     moe_curve.cache_clear()
     again = moe_curve("rtx-pro-6000-server", "sglang", "0.5.23", KIMI_EP8)
     assert fresh is not None and again is not None
     assert again.tokens.tolist() == fresh.tokens.tolist() and again.seconds.tolist() == fresh.seconds.tolist()
-    kernel_tables._moe_rows.cache_clear()
+    kernel_tables._rows.cache_clear()
     moe_curve.cache_clear()
 
 

@@ -152,13 +152,13 @@ def _releases(root: Path, system: str, family: str, engine: str) -> list[str]:
         except InvalidVersion:
             continue
         found.append(child.name)
-    return sorted(found, key=Version, reverse=True)
+    return found
 
 
 def _ordered(releases: list[str], modelled: str) -> list[str]:
     """Releases to try: at or below the modelled one, newest first; then the newer ones, oldest first."""
     target = Version(modelled)
-    below = [r for r in releases if Version(r) <= target]
+    below = sorted((r for r in releases if Version(r) <= target), key=Version, reverse=True)
     above = sorted((r for r in releases if Version(r) > target), key=Version)
     return below + above
 
@@ -204,28 +204,12 @@ def cache_dir() -> Path:
     return Path(base) / "kernel-tables" / spec().version
 
 
-@cache
 def _moe_rows(root: Path, system: str, engine: str, release: str, dtype: str, hidden: int,
               experts: int) -> dict[str, np.ndarray] | None:  # fmt: skip
-    """The rows of one MoE table for one expert shape: from the cache when an earlier run read them."""
-    kept = cache_dir() / f"moe-{system}-{engine}-{release}-{dtype}-{hidden}-{experts}.npz"
-    if kept.is_file():
-        with np.load(kept, allow_pickle=False) as saved:
-            rows = {name: saved[name] for name in saved.files}
-        return rows or None
-    path = root / system / spec().moe.table.format(framework=engine, release=release)
-    if not path.is_file():
-        return None
-    import pyarrow.parquet as pq  # imported here: only a run that reads a table afresh pays for it
-
-    table = pq.read_table(
-        path,
-        columns=list(MOE_COLUMNS),
-        filters=[("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("num_experts", "=", experts)],
-    )
-    rows = {name: np.asarray(table.column(name).to_pylist()) for name in MOE_COLUMNS} if table.num_rows else {}
-    _keep(kept, rows)
-    return rows or None
+    """The rows of one MoE table for one expert shape."""
+    return _rows(root / system / spec().moe.table.format(framework=engine, release=release),
+                 f"moe-{system}-{engine}-{release}-{dtype}-{hidden}-{experts}", MOE_COLUMNS,
+                 (("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("num_experts", "=", experts)))  # fmt: skip
 
 
 def _keep(path: Path, rows: dict[str, np.ndarray]) -> None:

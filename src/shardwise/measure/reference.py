@@ -105,6 +105,7 @@ class Checked:
     layout: str | None
     problem: str | None  # why there is no prediction (the setup would not start, as the model sees it)
     simulated: ServeResult | None = None  # the run as the benchmark sent it
+    workload: WorkloadSpec | None = None  # what was simulated
     coverage: dict | None = None  # the decode step at the run's mean batch: share priced from kernel tables
 
     def value(self, metric: str) -> float | None:
@@ -140,16 +141,18 @@ def check_row(row: ReferenceRow) -> Checked:
     if memory.verdict != "ok":
         return Checked(row=row, layout=layout.describe(), problem=memory.reason)
     steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length)
+    workload = row.workload_spec()
     try:
-        result = simulate(steps, memory, row.workload_spec())
+        result = simulate(steps, memory, workload)
     except SpecError as exc:  # a request the pool cannot hold
         return Checked(row=row, layout=layout.describe(), problem=str(exc))
     ranks = max(1, memory.ranks)
     running = max(1, round(result.mean_running * ranks))  # the whole layout's batch at the run's mean
-    pairs = row.workload_spec().pairs
+    pairs = workload.pairs
     context = sum(i + o / 2 for i, o in pairs) / len(pairs) if pairs else row.isl + row.osl / 2
     coverage = steps.decode(running, int(context)).step.coverage
-    return Checked(row=row, layout=layout.describe(), problem=None, simulated=result, coverage=coverage)
+    return Checked(row=row, layout=layout.describe(), problem=None, simulated=result, workload=workload,
+                   coverage=coverage)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

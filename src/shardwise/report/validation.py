@@ -53,7 +53,7 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
 
 def _workload_payload(c: Checked) -> dict[str, Any]:
     """The workload a row was simulated with, as its benchmark ran it."""
-    row, spec = c.row, c.row.workload_spec()
+    row, spec = c.row, c.workload or c.row.workload_spec()
     pairs = spec.pairs
     return {
         "benchmark": row.benchmark,
