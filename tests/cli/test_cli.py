@@ -236,13 +236,34 @@ def test_bad_concurrency_is_one_line():
 def test_validate_reports_the_error_per_metric():
     payload = run_json("validate")
     metrics = {(s["group"], s["metric"]): s for s in payload["summary"]}
-    assert set(metrics) == {(g, m) for g in ("plain", "speculative") for m in ("output_tok_s", "tpot_ms")}
+    assert set(metrics) == {(g, m) for g in ("plain", "speculative") for m in ("output_tok_s", "tpot_ms")} | {
+        ("older release", "output_tok_s")  # SGLang 0.4 rows report no TPOT
+    }
     spec_rows = [r for r in payload["rows"] if r["accept_length"]]
     assert {r["id"] for r in spec_rows} == {"GT21", "GT90", "GT91"}
+    assert all(r["group"] == "speculative" for r in spec_rows)  # all three from modelled releases
     assert metrics[("speculative", "output_tok_s")]["rows"] == len(spec_rows)
-    plain = [r for r in payload["rows"] if not r["accept_length"] and r["measured"]["output_tok_s"]]
-    assert metrics[("plain", "output_tok_s")]["rows"] == len(plain)
+    measured = [r for r in payload["rows"] if not r["accept_length"] and r["measured"]["output_tok_s"]]
+    older = [r for r in measured if r["group"] == "older release"]
+    assert {r["workload"]["engine_version"] for r in older} == {"0.4.1.post2", "0.4.10.post1"}
+    assert metrics[("plain", "output_tok_s")]["rows"] == len(measured) - len(older)
+    assert metrics[("older release", "output_tok_s")]["rows"] == len(older)
     assert all(r["predicted"]["output_tok_s"] for r in payload["rows"])  # every bundled row is covered
+
+
+def test_validate_names_what_could_explain_each_row_beyond_the_stated_accuracy():
+    rows = {r["id"]: r for r in run_json("validate")["rows"]}
+    for r in rows.values():  # a row within the stated accuracy names nothing; one beyond names at least one cause
+        assert bool(r["beyond_stated_accuracy"]) == bool(r["mechanisms"]) or not r["mechanisms"], r["id"]
+    tp8 = rows["user-TP8"]
+    assert tp8["beyond_stated_accuracy"] == ["output_tok_s"]
+    names = [m["name"] for m in tp8["mechanisms"]]
+    assert "P2P off" in names and "CUDA graphs off" in names
+    p2p = next(m for m in tp8["mechanisms"] if m["name"] == "P2P off")
+    assert p2p["predicted"]["output_tok_s"] < rows["user-TP8"]["predicted"]["output_tok_s"]
+    assert set(p2p["siblings_error"]) == {"user-PP8", "user-EP8"}
+    assert rows["user-EP8"]["beyond_stated_accuracy"] == [] and rows["user-EP8"]["mechanisms"] == []
+    assert [m["name"] for m in rows["GT23"]["mechanisms"]][0] == "older release"
 
 
 def simulate_json(*args: str):

@@ -225,3 +225,33 @@ def test_the_raised_fraction_keeps_what_sglang_reserves():
     outside = row.activation_bytes + row.cuda_graph_bytes + 1.79 * GiB + 512 * 8 * 4.5 * 2**20
     expected = (1 - outside / (row.capacity_bytes - rt)) * 0.95 * (1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1))
     assert memory.largest_fraction == pytest.approx(expected, rel=1e-3)
+
+
+# --- sliding-window layers under vLLM's hybrid KV cache manager -----------------------------------------
+
+
+def test_vllm_keeps_only_the_window_of_gpt_oss_sliding_layers():
+    """gpt-oss-120b: 18 full and 18 sliding-window (128) layers. vLLM's hybrid manager frees the blocks the window
+    has passed, so a sliding layer keeps ceil(127 / 16) + 1 = 9 blocks of 16 tokens: 144 tokens. A request of
+    411 tokens holds half its bytes per token for all 411 and half for 144: 277.5 pool tokens."""
+    memory, _ = ledger("vllm", "", model="gpt-oss-120b", cluster="1xh100")
+    assert memory.kv_window_tokens == 144 and memory.kv_full_share == 0.5
+    assert memory.request_tokens(411) == pytest.approx(0.5 * 411 + 0.5 * 144)
+    assert memory.request_tokens(100) == 100  # inside the window every layer keeps every token
+    # the pool holds 411 / 277.5 = 1.48 times as many such requests as it would keep whole
+    whole = memory.kv_tokens_per_rank // 411
+    assert memory.max_concurrency(isl=215, osl=196) == min(1024, int(memory.kv_tokens_per_rank // 277.5))
+    assert memory.max_concurrency(isl=215, osl=196) > 1.4 * whole
+
+
+@pytest.mark.parametrize(
+    "engine, flags, model",
+    [
+        ("vllm", "--disable-hybrid-kv-cache-manager", "gpt-oss-120b"),  # the user turns it off
+        ("vllm", "", "llama-3.1-70b"),  # no sliding-window layers
+        ("sglang", "", "gpt-oss-120b"),  # SGLang keeps a separate SWA pool: not this rule
+    ],
+)
+def test_every_token_is_kept_where_the_rule_does_not_apply(engine, flags, model):
+    memory, _ = ledger(engine, flags, model=model, cluster="1xh100" if model == "gpt-oss-120b" else "8xh100")
+    assert memory.kv_window_tokens is None and memory.request_tokens(411) == 411

@@ -28,6 +28,7 @@ from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
 from shardwise.hardware.load import read_yaml
 from shardwise.measure.bench import Target, run_level
 from shardwise.measure.calibrate import calibrate as run_calibrate
+from shardwise.measure.gaps import explain
 from shardwise.measure.importers import read_results
 from shardwise.measure.memory_fit import fit_memory
 from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
@@ -125,10 +126,11 @@ def validate(
     checked = [check_row(row) for row in rows]
     summary = summarise(checked)
     ranks = rank_agreement(checked)
+    gaps = {c.row.id: explain(c, checked) for c in checked}
     if json:
-        typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary, ranks)))
+        typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary, ranks, gaps)))
     else:
-        report_table.print_renderable(report_validation.validation_view(checked, summary, ranks))
+        report_table.print_renderable(report_validation.validation_view(checked, summary, ranks, gaps))
 
 
 @app.command()

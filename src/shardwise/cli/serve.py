@@ -145,6 +145,9 @@ def simulate(
         report_table.print_renderable(view)
 
 
+SCREEN_LEVELS = "1,2,4,8,16,32,64,128,256,512"
+
+
 @app.command()
 def theorise(
     model: ModelOption = DEFAULT_MODEL,
@@ -157,8 +160,17 @@ def theorise(
         str | None, typer.Option(help="A bundled length set instead of --isl/--osl (its means): sharegpt.")
     ] = None,
     concurrency: Annotated[
-        str, typer.Option(help="Clients to predict at, comma-separated (closed loop).")
-    ] = "1,2,4,8,16,32,64,128,256,512",
+        str | None,
+        typer.Option(help=f"Clients to predict at, comma-separated (closed loop); default {SCREEN_LEVELS}."),
+    ] = None,
+    lengths: LengthsOption = None,
+    request_rate: RequestRateOption = None,
+    num_prompts: Annotated[
+        int | None, typer.Option(min=1, help="Requests per benchmark run (the tools' default: 1000).")
+    ] = None,
+    range_ratio: RangeRatioOption = None,
+    burstiness: BurstinessOption = 1.0,
+    seed: SeedOption = 0,
     objective: Annotated[
         str, typer.Option(help="max-throughput, max-throughput-under-slo (with --tpot-ms/--ttft-ms) or min-latency.")
     ] = "max-throughput",
@@ -175,7 +187,10 @@ def theorise(
 ) -> None:
     """The best setup for this model on these GPUs and why: every setup that starts predicted and ranked, the
     winner at each load, what bounds it, why the others lose, the ceiling, what-ifs, what is excluded, and the
-    commands. Defaults: the user's case (Kimi K2.6 on 8× RTX PRO 6000 over PCIe, SGLang, 1k in / 1k out)."""
+    commands. Defaults: the user's case (Kimi K2.6 on 8× RTX PRO 6000 over PCIe, SGLang, 1k in / 1k out).
+    With a benchmark's workload (--lengths, --request-rate, --num-prompts or --range-ratio) the best setups of
+    the steady-state screen are also simulated as the benchmark would send it (by default every prompt at once,
+    as the tools do; --request-rate for an open loop; --concurrency given for closed loops) and ranked again."""
     try:
         goal = Objective(objective)
     except ValueError:
@@ -186,7 +201,17 @@ def theorise(
     if workload is not None:
         mean_in, mean_out = dataset(workload).means
         isl, osl = round(mean_in), round(mean_out)
-    levels = int_list(concurrency, "--concurrency")
+    levels = int_list(concurrency or SCREEN_LEVELS, "--concurrency")
+    workloads = []
+    if lengths is not None or request_rate is not None or num_prompts is not None or range_ratio is not None:
+        workloads, _, _, pairs = workloads_of(
+            engines[0], concurrency=concurrency, request_rate=request_rate or (None if concurrency else "inf"),
+            lengths=lengths, isl=isl, osl=osl, range_ratio=range_ratio, num_prompts=num_prompts or 1000,
+            burstiness=burstiness, seed=seed, decode_only=False,
+        )  # fmt: skip
+        if pairs:  # the screen prices the dataset's mean lengths
+            isl = round(sum(i for i, _ in pairs) / len(pairs))
+            osl = round(sum(o for _, o in pairs) / len(pairs))
     cluster_spec = with_profile(load_cluster(gpus), profile)
     spec = load_model(model)
     with report_simulation.progress_bar(1, label="predicting setups") as update:
@@ -194,7 +219,8 @@ def theorise(
             spec, cluster_spec, model_ref=model, engines=engines, isl=isl, osl=osl, concurrency=levels,
             objective=goal, tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
             ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None, accept_length=accept_length,
-            version=engine_version, progress=lambda done, total: update("predicting setups", done / total),
+            version=engine_version, workloads=workloads,
+            progress=lambda done, total: update("predicting setups", done / total),
         )  # fmt: skip
     if markdown is not None:
         report_files.write_text(markdown, report_theory.theory_markdown(theory, top=top))

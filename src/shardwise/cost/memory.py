@@ -61,6 +61,12 @@ class MemoryLedger(Frozen):
     kv_tokens_per_rank: int = Field(description="tokens one attention-DP rank's pool holds")
     kv_tokens_total: int = Field(description="unique tokens over every attention-DP rank and copy")
     state_bytes_per_request: float = Field(0, description="fixed per-request state (linear attention), per GPU")
+    kv_window_tokens: int | None = Field(
+        None,
+        description="tokens a request keeps in its sliding-window layers at most, where the engine frees what "
+        "leaves the window (vLLM's hybrid KV manager); None: every cached layer keeps every token",
+    )
+    kv_full_share: float = Field(1.0, description="share of a token's cache bytes in layers that keep every token")
     max_running_requests_per_rank: int | None = None
     ranks: int = Field(description="independent KV pools: attention-DP ranks × copies")
     largest_fraction: float | None = Field(
@@ -71,11 +77,19 @@ class MemoryLedger(Frozen):
     )
     warnings: tuple[str, ...] = ()
 
+    def request_tokens(self, context_tokens: int) -> float:
+        """Pool tokens one request of `context_tokens` holds (fewer than its tokens where sliding-window layers
+        keep only their window)."""
+        if self.kv_window_tokens is None:
+            return context_tokens
+        a = self.kv_full_share
+        return a * context_tokens + (1 - a) * min(context_tokens, self.kv_window_tokens)
+
     def max_concurrency(self, *, isl: int, osl: int) -> int:
         """Requests of isl + osl tokens the pools hold at once (the KV bound, capped by running slots)."""
         if self.verdict != "ok":
             return 0
-        per_request = self.kv_bytes_per_token * (isl + osl) + self.state_bytes_per_request
+        per_request = self.kv_bytes_per_token * self.request_tokens(isl + osl) + self.state_bytes_per_request
         pool = self.kv_tokens_per_rank * self.kv_bytes_per_token
         per_rank = int(pool // per_request) if per_request else 0
         if self.max_running_requests_per_rank is not None:
@@ -223,9 +237,11 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     tokens = min(int(kv // c) // page * page for c in caching) * layout.dcp if kv > 0 and caching else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
     per_gpu = _per_gpu(layout, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
+    window_tokens, full_share = _window_kept(model, layout, ranges[worst])
     verdict, reason, error = _verdict(
-        layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells)
-    )
+        layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells),
+        longest=_longest_request(model, layout, full_share if window_tokens else None),
+    )  # fmt: skip
     state = model.linear_state_bytes / max(1, layout.attn_tp)
     return MemoryLedger(
         verdict=verdict,
@@ -237,6 +253,8 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         kv_tokens_per_rank=tokens,
         kv_tokens_total=tokens * layout.attn_dp * layout.replicas,
         state_bytes_per_request=state,
+        kv_window_tokens=window_tokens,
+        kv_full_share=full_share,
         max_running_requests_per_rank=_running_slots(model, layout, tokens),
         ranks=layout.attn_dp * layout.replicas,
         largest_fraction=None
@@ -246,6 +264,41 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
     )
+
+
+def _window_kept(model: ModelSpec, layout: Layout, layers: range) -> tuple[int | None, float]:
+    """Where the engine frees sliding-window blocks as the window passes them (vLLM's hybrid KV manager,
+    SlidingWindowManager.remove_skipped_blocks): the tokens a request keeps in those layers at most, whole
+    blocks covering window − 1 tokens plus the one being written, and the share of a token's bytes in the layers
+    that keep every token."""
+    if not layout.options.window_kv or not model.sliding_window:
+        return None, 1.0
+    full = sum(model.layer_attention[i] == "full" for i in layers)
+    sliding = sum(model.layer_attention[i] == "sliding" for i in layers)
+    if not sliding:
+        return None, 1.0
+    page = layout.options.page_size or 16
+    kept = (-(-(model.sliding_window - 1) // page) + 1) * page
+    return kept, full / (full + sliding)
+
+
+def _longest_request(model: ModelSpec, layout: Layout, full_share: float | None) -> tuple[int, float] | None:
+    """vLLM's start-up check that one request of max_model_len fits the pool (kv_cache_planning.py
+    max_memory_usage_bytes): the longest request, and the pool tokens it needs. With the hybrid manager a
+    sliding-window layer needs only the window plus the tokens in flight (SlidingWindowSpec
+    .max_admission_blocks_per_request: min(window − 1 + in-flight, max_model_len) tokens, in whole blocks, plus
+    one); in flight is one chunk per step the scheduler keeps going at once (two when it overlaps)."""
+    opts = layout.options
+    longest = opts.max_model_len
+    if not longest:
+        return None
+    if full_share is None or not model.sliding_window:
+        return longest, float(longest)
+    page = opts.page_size or 16
+    in_flight = (2 if opts.overlap_schedule else 1) * (opts.chunked_prefill_tokens or 0)
+    held = min(model.sliding_window - 1 + in_flight, longest)
+    blocks_full, blocks_window = -(-longest // page), -(-held // page) + 1
+    return longest, page * (full_share * blocks_full + (1 - full_share) * blocks_window)
 
 
 def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, rt: float, act: float,
@@ -284,8 +337,9 @@ def _per_gpu(
 
 
 def _verdict(
-    layout: Layout, *, capacity: float, weights: float, rt: float, kv: float, tokens: int, cell: float
-) -> tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]:
+    layout: Layout, *, capacity: float, weights: float, rt: float, kv: float, tokens: int, cell: float,
+    longest: tuple[int, float] | None = None,
+) -> tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]:  # fmt: skip
     opts = layout.options
     if weights + rt > capacity:
         return (
@@ -320,13 +374,15 @@ def _verdict(
             f"{opts.memory_fraction} × {capacity / GiB:,.1f} GiB",
             "ValueError: No available memory for the cache blocks.",
         )
-    if opts.max_model_len and opts.activations_in_budget and tokens < opts.max_model_len:
+    if longest and opts.activations_in_budget and tokens < longest[1]:
+        length, need = longest
+        shorter = int(tokens * length / need)  # the need grows about in proportion past the window
         return (
             "no_kv_room",
-            f"the KV pool holds {tokens:,} tokens, fewer than one request of max_model_len "
-            f"{opts.max_model_len:,} needs; lower --max-model-len to at most {tokens:,}",
-            f"ValueError: To serve at least one request with the model's max seq len ({opts.max_model_len}), "
-            f"({opts.max_model_len * cell / GiB:.2f} GiB KV cache is needed, which is larger than the available "
+            f"the KV pool holds {tokens:,} tokens, fewer than one request of max_model_len {length:,} needs "
+            f"({need:,.0f}); lower --max-model-len to at most {shorter:,}",
+            f"ValueError: To serve at least one request with the model's max seq len ({length}), "
+            f"({need * cell / GiB:.2f} GiB KV cache is needed, which is larger than the available "
             f"KV cache memory ({kv / GiB:.2f} GiB).",
         )
     if tokens < 1:

@@ -9,7 +9,7 @@ that does not overlap (pipeline parallelism, --disable-overlap-schedule) adds it
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 from shardwise.cost.measured import MeasuredKernels
@@ -19,8 +19,31 @@ from shardwise.hardware.load import overheads
 from shardwise.ops.build import StepModel
 from shardwise.ops.types import Compute, Phase
 from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.model import ModelSpec
 
 PARTS = ("compute", "memory", "comm", "launch", "host")
+# options that change what an op costs; the others size memory or decide how the host issues the kernels
+COST_OPTIONS = ("two_batch_overlap", "eplb", "kv_cache_dtype")
+SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
+
+_SHARED: OrderedDict[tuple, tuple[ModelSpec, ClusterSpec, dict[tuple, tuple[OpCost, ...]]]] = OrderedDict()
+
+
+def _shared_costs(model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables: bool) -> dict:
+    """The op costs of one layout's steps, by step: shared by every layout with the same ops (a search prices the
+    same structure with the memory fraction raised, CUDA graphs off, other slot counts: the ops cost the same).
+    The model and cluster are held with the entry, so their ids cannot be reused while it lives."""
+    cost_options = layout.options.model_dump(include=set(COST_OPTIONS))
+    shape = layout.model_dump_json(exclude={"options"})
+    key = (id(model), id(cluster), tables, shape, tuple(sorted(cost_options.items())))
+    entry = _SHARED.get(key)
+    if entry is None or entry[0] is not model or entry[1] is not cluster:
+        if len(_SHARED) >= SHARED_LAYOUTS:
+            _SHARED.popitem(last=False)
+        entry = _SHARED[key] = (model, cluster, {})
+    else:
+        _SHARED.move_to_end(key)
+    return entry[2]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,9 +107,10 @@ class StepCost:
 
 
 class StepCostModel:
-    """Prices steps of one layout on one cluster; build once, call `step` for each batch."""
+    """Prices steps of one layout on one cluster; build once, call `step` for each batch. `tables=False` prices
+    every op on the roofline (what the measured kernel tables change is then visible)."""
 
-    def __init__(self, step_model: StepModel) -> None:
+    def __init__(self, step_model: StepModel, *, tables: bool = True) -> None:
         self.step_model = step_model
         layout: Layout = step_model.layout
         self.cluster: ClusterSpec = step_model.cluster
@@ -102,16 +126,21 @@ class StepCostModel:
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         self._comm_times: dict[tuple, float] = {}
-        self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version)
+        self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
+        self._costs = _shared_costs(step_model.model, layout, self.cluster, tables)
 
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
-        ops = self.step_model.ops(phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens)
-        costs = tuple(
-            compute_cost(op, self.rates, self._measured.time(op))
-            if isinstance(op, Compute)
-            else comm_cost(op, self.cluster, self._comm_times)
-            for op in ops
-        )
+        key = (phase, requests, new_tokens, context_tokens)
+        costs = self._costs.get(key)
+        if costs is None:
+            ops = self.step_model.ops(phase=phase, requests=requests, new_tokens=new_tokens,
+                                      context_tokens=context_tokens)  # fmt: skip
+            costs = self._costs[key] = tuple(
+                compute_cost(op, self.rates, self._measured.time(op))
+                if isinstance(op, Compute)
+                else comm_cost(op, self.cluster, self._comm_times)
+                for op in ops
+            )
         layout = self.step_model.layout
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)

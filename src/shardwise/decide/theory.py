@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from shardwise.decide.benchmark import BenchmarkRanking, simulate_best
 from shardwise.decide.ceiling import Ceiling, ceiling
 from shardwise.decide.explain import Explanation, explain
 from shardwise.decide.rank import (
@@ -30,6 +31,7 @@ from shardwise.hardware.load import runtime
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import weight_ledger
+from shardwise.spec.workload import WorkloadSpec
 
 PROMPTS_PER_CLIENT = 10  # benchmark requests per client: enough for the steady state to dominate the ramp
 
@@ -46,6 +48,7 @@ class Theory:
     frontier: tuple[ParetoPoint, ...]
     verify: tuple[tuple[str, ...], ...]  # commands that check the winner: its launch on each node, then the checks
     would_fit: tuple[str, ...]  # when nothing serves: what would
+    benchmark: BenchmarkRanking | None = None  # the best setups simulated as a benchmark would send the load
 
     @property
     def best(self) -> Candidate | None:
@@ -77,8 +80,10 @@ def theorise(
     ttft_s: float | None = None,
     accept_length: float | None = None,
     version: str | None = None,
+    workloads: Sequence[WorkloadSpec] = (),
     progress: Callable[[int, int], None] | None = None,
 ) -> Theory:
+    """Search, rank and explain; with `workloads` (a benchmark's loads), also simulate the best setups under them."""
     result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl, concurrency=concurrency,
                     version=version, progress=progress)  # fmt: skip
     ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
@@ -94,6 +99,7 @@ def theorise(
         frontier=tuple(pareto(result.candidates)),
         verify=_verify(ranking, model_ref, cluster, isl=isl, osl=osl),
         would_fit=() if result.candidates else _too_long(result) + would_fit(model, cluster, isl=isl, osl=osl),
+        benchmark=simulate_best(result, ranking, workloads) if workloads and ranking.scores else None,
     )
 
 

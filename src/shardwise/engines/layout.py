@@ -96,6 +96,9 @@ class EngineOptions(Frozen):
     prefill_cuda_graph: bool = False
     max_model_len: int | None = Field(None, description="longest request the engine must be able to hold (vLLM)")
     page_size: int | None = None
+    window_kv: bool = Field(
+        False, description="sliding-window layers keep only the blocks their window reaches (vLLM's hybrid KV manager)"
+    )
     spec: SpecDecode | None = None
     scheduler: SchedulerPolicy = SchedulerPolicy(mixed_batches=False, evict="newest")
 

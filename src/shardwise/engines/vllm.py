@@ -135,6 +135,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         activations_in_budget=True,
         max_model_len=None if f.get("max_model_len") == -1 else f.get("max_model_len") or model.max_position_embeddings,
         page_size=f.get("block_size"),
+        window_kv=not f.get("disable_hybrid_kv_cache_manager"),
         spec=spec,
         scheduler=SchedulerPolicy(**flag_table("vllm").scheduler),
     )

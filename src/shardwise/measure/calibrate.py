@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from itertools import product
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from shardwise.cost.memory import MemoryLedger, memory_ledger
 from shardwise.engines.check import check_command
@@ -141,6 +140,8 @@ def _fit(fit: list[_Prepared], names: Sequence[str], start: dict[str, float], gp
     scale = np.maximum(hi - lo, 1e-30)
     first = np.clip((np.array([start[n] for n in names]) - lo) / scale, 0.0, 1.0)
     starts = [first, *(np.array(p) for p in product(STARTS, repeat=len(names)))]
+    from scipy.optimize import least_squares  # imported here: half a second the other commands need not pay
+
     best = None
     for u0 in starts:
         result = least_squares(

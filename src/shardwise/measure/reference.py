@@ -19,14 +19,16 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from shardwise.cost.memory import memory_ledger
+from shardwise.cost.step import StepCost
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
+from shardwise.measure.accuracy import GROUPS, group_of
 from shardwise.measure.importers import MeasuredLevel
 from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steps import StepTimes
-from shardwise.spec.cluster import load_cluster
+from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.workload import Lengths, WorkloadSpec, dataset
 
 METRICS = ("output_tok_s", "tpot_ms")
@@ -52,10 +54,6 @@ class ReferenceRow(Frozen):
     tpot_ms: float | None = Field(None, gt=0)
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
     assumed: str | None = None
-
-    @property
-    def group(self) -> str:
-        return "speculative" if self.accept_length else "plain"
 
     @model_validator(mode="after")
     def _load_given(self) -> ReferenceRow:
@@ -107,6 +105,10 @@ class Checked:
     simulated: ServeResult | None = None  # the run as the benchmark sent it
     workload: WorkloadSpec | None = None  # what was simulated
     coverage: dict | None = None  # the decode step at the run's mean batch: share priced from kernel tables
+    engine: str | None = None
+    cluster: ClusterSpec | None = None  # the GPUs as predicted
+    step: StepCost | None = None  # the decode step at the run's mean batch
+    kv_tokens: int | None = None  # KV pool per rank, in tokens
 
     def value(self, metric: str) -> float | None:
         if self.simulated is None:
@@ -130,29 +132,32 @@ def load_rows(path: Path | None = None) -> tuple[ReferenceRow, ...]:
     return validate(ReferenceFile, read_yaml(path), origin=str(path)).rows
 
 
-def check_row(row: ReferenceRow) -> Checked:
-    cluster = load_cluster(row.gpus)
+def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: bool = True) -> Checked:
+    """Predict one row as its benchmark ran it. `cluster` and `tables` change one input (another description of
+    the row's GPUs; the roofline instead of the kernel tables) to price what that input does to the prediction."""
+    cluster = cluster or load_cluster(row.gpus)
     checked = check_command(row.command, cluster=cluster, model=row.model)
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"
-        return Checked(row=row, layout=None, problem=reason)
+        return Checked(row=row, layout=None, problem=reason, engine=checked.setup.engine)
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
-        return Checked(row=row, layout=layout.describe(), problem=memory.reason)
-    steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length)
+        return Checked(row=row, layout=layout.describe(), problem=memory.reason, engine=layout.engine)
+    steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length, tables=tables)
     workload = row.workload_spec()
     try:
         result = simulate(steps, memory, workload)
     except SpecError as exc:  # a request the pool cannot hold
-        return Checked(row=row, layout=layout.describe(), problem=str(exc))
+        return Checked(row=row, layout=layout.describe(), problem=str(exc), engine=layout.engine)
     ranks = max(1, memory.ranks)
     running = max(1, round(result.mean_running * ranks))  # the whole layout's batch at the run's mean
     pairs = workload.pairs
     context = sum(i + o / 2 for i, o in pairs) / len(pairs) if pairs else row.isl + row.osl / 2
-    coverage = steps.decode(running, int(context)).step.coverage
+    decode = steps.decode(running, int(context))
     return Checked(row=row, layout=layout.describe(), problem=None, simulated=result, workload=workload,
-                   coverage=coverage)  # fmt: skip
+                   coverage=decode.step.coverage, engine=layout.engine, cluster=cluster, step=decode.step,
+                   kv_tokens=memory.kv_tokens_per_rank)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,11 +202,17 @@ class ErrorSummary:
     worst: str  # row id
 
 
+def group_of_row(c: Checked) -> str:
+    """plain, speculative, or older release (measured on a release before the modelled range)."""
+    return group_of(c.engine or "", c.row.engine_version, speculative=c.row.accept_length is not None)
+
+
 def summarise(checked: list[Checked]) -> list[ErrorSummary]:
-    """Mean and median absolute percentage error per metric, for plain and for speculative decoding apart."""
+    """Mean and median absolute percentage error per metric, for plain and speculative decoding apart, and for
+    rows from releases older than the modelled range apart from both."""
     out = []
-    for group in ("plain", "speculative"):
-        out += _summarise_group(group, [c for c in checked if c.row.group == group])
+    for group in GROUPS:
+        out += _summarise_group(group, [c for c in checked if group_of_row(c) == group])
     return out
 
 

@@ -63,7 +63,7 @@ def results_table(results: list[ServeResult], *, title: str, baseline: list[Serv
         table.add_column(name, justify="right")
     for n, r in enumerate(results):
         table.add_row(
-            _short_load(r),
+            short_load(r),
             f"{r.output_tok_s:,.0f}",
             _fmt(r.ttft_s.mean, 1, 2),
             _fmt(r.ttft_s.p99, 1, 2),
@@ -86,7 +86,7 @@ def results_table(results: list[ServeResult], *, title: str, baseline: list[Serv
     return table
 
 
-def _short_load(r: ServeResult) -> str:
+def short_load(r: ServeResult) -> str:
     load = f"C={r.concurrency}" if r.concurrency else ""
     if r.request_rate is not None:
         return f"{load} {r.request_rate:g}/s".strip()

@@ -17,6 +17,7 @@ from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
 from shardwise.report.predictions import PART_LABELS, prediction_payload
+from shardwise.report.simulation import short_load
 
 PART_NAMES = {
     "memory": "memory",
@@ -151,6 +152,9 @@ def theory_view(t: Theory, *, top: int) -> Group:
     if families:
         parts.append(Text("Why the others lose (each family's best, at the winner's concurrency):", style="bold"))
         parts += [Text("• " + line) for line in families]
+    if t.benchmark is not None:
+        parts.append(_benchmark_table(t))
+        parts += [Text("• " + line) for line in benchmark_lines(t)]
     if t.what_ifs:
         parts.append(_what_if_table(t))
     parts.append(_excluded_table(t))
@@ -184,6 +188,79 @@ def _winners_table(t: Theory) -> Table:
         table.add_row(str(w.concurrency), w.candidate.name, f"{p.output_tok_s:,.0f}", f"{p.per_user_tok_s:,.1f}",
                       f"{p.tpot_s * 1e3:,.1f}")  # fmt: skip
     return table
+
+
+def _workload_text(t: Theory) -> str:
+    assert t.benchmark is not None
+    w = t.benchmark.workloads[0]
+    lengths = "dataset lengths" if w.pairs else f"{w.input.mean:,.0f} in / {w.output.mean:,.0f} out"
+    if w.pairs:
+        mean_in = sum(i for i, _ in w.pairs) / len(w.pairs)
+        mean_out = sum(o for _, o in w.pairs) / len(w.pairs)
+        lengths = f"sampled lengths, mean {mean_in:,.0f} in / {mean_out:,.0f} out"
+    return f"{w.num_requests:,} prompts of {lengths}"
+
+
+def _benchmark_rows(t: Theory) -> list[list[str]]:
+    assert t.benchmark is not None
+    rows = []
+    for n, s in enumerate(t.benchmark.ranked, start=1):
+        for r in s.results:
+            rows.append([str(n), s.candidate.name, str(s.screen_rank), short_load(r), f"{r.output_tok_s:,.0f}",
+                         f"{r.tpot_s.mean * 1e3:,.1f}", f"{r.ttft_s.mean:,.2f}", f"{r.mean_running:,.0f}"])  # fmt: skip
+    return rows
+
+
+def _benchmark_table(t: Theory) -> Table:
+    table = Table(title=f"the best {len(t.benchmark.ranked) if t.benchmark else 0} of the screen, simulated as the "
+                  f"benchmark sends it: {_workload_text(t)}")  # fmt: skip
+    for name in ("#", "setup", "screen #", "load", "tok/s", "TPOT ms", "TTFT s", "running"):
+        table.add_column(name, justify="left" if name == "setup" else "right")
+    for row in _benchmark_rows(t):
+        table.add_row(*row)
+    return table
+
+
+def benchmark_lines(t: Theory) -> list[str]:
+    """What the simulation changes: the winner under the benchmark's workload, against the screen's."""
+    b = t.benchmark
+    if b is None or b.best is None:
+        return []
+    best = b.best
+    lines = []
+    if best.screen_rank == 1:
+        lines.append(f"Under this workload the screen's winner stays best: {best.candidate.name}, "
+                     f"{best.output_tok_s:,.0f} tok/s as the benchmark would report it.")  # fmt: skip
+    else:
+        lines.append(f"Under this workload {best.candidate.name} (#{best.screen_rank} of the screen) is best with "
+                     f"{best.output_tok_s:,.0f} tok/s: the spread of lengths, the arrivals and the run's tail rank the "
+                     "setups differently from a steady closed loop at mean lengths.")  # fmt: skip
+    lines += [f"Not simulated: {name}: {why}" for name, why in b.dropped]
+    return lines
+
+
+def _benchmark_payload(t: Theory) -> dict[str, Any] | None:
+    b = t.benchmark
+    if b is None:
+        return None
+    return {
+        "workloads": [
+            {"num_prompts": w.num_requests, "max_concurrency": w.concurrency,
+             "request_rate": None if w.request_rate == float("inf") else w.request_rate, "burstiness": w.burstiness,
+             "seed": w.seed, "pairs": len(w.pairs)}
+            for w in b.workloads
+        ],
+        "ranked": [
+            {"setup": s.candidate.name, "screen_rank": s.screen_rank, "output_tok_s": round(s.output_tok_s, 2),
+             "launch": list(s.candidate.launch),
+             "results": [{"load": short_load(r), "output_tok_s": round(r.output_tok_s, 2),
+                          "tpot_ms_mean": round(r.tpot_s.mean * 1e3, 3), "ttft_s_mean": round(r.ttft_s.mean, 4),
+                          "mean_running": round(r.mean_running, 1), "retractions": r.retractions}
+                         for r in s.results]}
+            for s in b.ranked
+        ],
+        "dropped": [{"setup": name, "why": why} for name, why in b.dropped],
+    }  # fmt: skip
 
 
 def _what_if_table(t: Theory) -> Table:
@@ -314,6 +391,7 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
         ],  # fmt: skip
         "verify": [list(cmd) for cmd in t.verify],
         "would_fit": list(t.would_fit),
+        "benchmark": _benchmark_payload(t),
     }
 
 
@@ -342,6 +420,10 @@ def theory_markdown(t: Theory, *, top: int) -> str:
     families = family_lines(t)
     if families:
         out += ["## Why the others lose", "", *[f"- {line}" for line in families], ""]
+    if t.benchmark is not None:
+        out += [f"## Simulated as the benchmark sends it ({_workload_text(t)})", "", _md_table(
+            ["#", "setup", "screen #", "load", "tok/s", "TPOT ms", "TTFT s", "running"], _benchmark_rows(t)), "",
+            *[f"- {line}" for line in benchmark_lines(t)], ""]  # fmt: skip
     if t.what_ifs:
         out += ["## What would change it", "", _md_table(
             ["what if", "tok/s", "gain", "how"],

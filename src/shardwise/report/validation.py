@@ -9,7 +9,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.measure.reference import Checked, ErrorSummary, RankAgreement
+from shardwise.measure.gaps import Mechanism, beyond
+from shardwise.measure.reference import Checked, ErrorSummary, RankAgreement, group_of_row
+
+Gaps = dict[str, list[Mechanism]]  # row id → the mechanisms that could explain its gap
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -23,7 +26,48 @@ def _ranks_line(ranks: RankAgreement) -> str:
             f"measured, over {ranks.groups} workloads measured on two setups or more")  # fmt: skip
 
 
-def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement) -> Group:
+def _err(c: Checked, metric: str) -> str:
+    error = c.error(metric)
+    if error is None:
+        return "—"
+    return f"{error:+.0%}" + ("!" if metric in beyond(c) else "")
+
+
+def _predicted_text(m: Mechanism, c: Checked) -> str:
+    if not m.predicted:
+        return ""
+    parts = []
+    for metric, unit in (("output_tok_s", "tok/s"), ("tpot_ms", "ms TPOT")):
+        value, measured = m.predicted.get(metric), getattr(c.row, metric)
+        if value is not None and measured is not None:
+            parts.append(f"{value:,.1f} {unit} ({(value - measured) / measured:+.0%})")
+    text = " → " + ", ".join(parts) if parts else ""
+    if m.siblings:
+        others = ", ".join(f"{k} {v:+.0%}" for k, v in m.siblings.items() if v is not None)
+        text += f"; the same change puts the same machine's other rows at {others}"
+    return text
+
+
+def gap_lines(checked: list[Checked], gaps: Gaps) -> list[Text]:
+    """Each row beyond the stated accuracy, with the mechanisms that could explain it."""
+    lines = []
+    for c in checked:
+        metrics = beyond(c)
+        if not metrics:
+            continue
+        errors = ", ".join(f"{m.replace('output_tok_s', 'tok/s').replace('tpot_ms', 'TPOT')} {c.error(m):+.0%}"
+                           for m in metrics)  # fmt: skip
+        lines.append(Text(f"{c.row.id} ({errors}):", style="bold"))
+        mechanisms = gaps.get(c.row.id, [])
+        if not mechanisms:
+            lines.append(Text("  no mechanism shardwise knows applies"))
+        for m in mechanisms:
+            lines.append(Text(f"  {m.name}: {m.why}{_predicted_text(m, c)}"))
+    return lines
+
+
+def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement,
+                    gaps: Gaps | None = None) -> Group:  # fmt: skip
     table = Table(
         title="measurements against predictions, each run simulated as its benchmark sent it; * = speculative decoding"
     )
@@ -31,16 +75,18 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
                  "tables"):  # fmt: skip
         table.add_column(name, justify="left" if name in ("id", "model", "GPUs", "layout") else "right")
     for c in checked:
-        out_err, tpot_err = c.error("output_tok_s"), c.error("tpot_ms")
         table.add_row(
             c.row.id + ("*" if c.row.accept_length else ""), c.row.model, c.row.gpus, c.layout or c.problem or "",
             c.row.load_text() + (f" {c.row.dataset}" if c.row.dataset else ""),
             _num(c.row.output_tok_s), _num(c.value("output_tok_s")),
-            "—" if out_err is None else f"{out_err:+.0%}",
-            _num(c.row.tpot_ms), _num(c.value("tpot_ms")), "—" if tpot_err is None else f"{tpot_err:+.0%}",
+            _err(c, "output_tok_s"),
+            _num(c.row.tpot_ms), _num(c.value("tpot_ms")), _err(c, "tpot_ms"),
             "—" if c.coverage is None else f"{c.coverage['measured_share']:.0%}",
         )  # fmt: skip
-    table.caption = "tables = share of a decode step at the run's mean batch priced from measured kernel tables"
+    table.caption = (
+        "tables = share of a decode step at the run's mean batch priced from measured kernel tables; "
+        "! = beyond the stated accuracy (the median error below)"
+    )
     lines = [
         Text(
             f"{s.group} {s.metric}: mean absolute error {s.mape:.0%}, median {s.median_ape:.0%} over {s.rows} rows "
@@ -48,7 +94,10 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
         )
         for s in summary
     ]
-    return Group(table, *lines, Text(_ranks_line(ranks)))
+    gap_text = gap_lines(checked, gaps or {})
+    if gap_text:
+        gap_text.insert(0, Text("\nbeyond the stated accuracy, and what could explain it:"))
+    return Group(table, *lines, Text(_ranks_line(ranks)), *gap_text)
 
 
 def _workload_payload(c: Checked) -> dict[str, Any]:
@@ -67,7 +116,8 @@ def _workload_payload(c: Checked) -> dict[str, Any]:
     }
 
 
-def validation_payload(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement) -> dict[str, Any]:
+def validation_payload(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement,
+                       gaps: Gaps | None = None) -> dict[str, Any]:  # fmt: skip
     return {
         "rows": [
             {
@@ -78,10 +128,13 @@ def validation_payload(checked: list[Checked], summary: list[ErrorSummary], rank
                 "layout": c.layout,
                 "problem": c.problem,
                 "workload": _workload_payload(c),
+                "group": group_of_row(c),
                 "decode_coverage": c.coverage,
                 "accept_length": c.row.accept_length,
                 "measured": {m: getattr(c.row, m) for m in ("output_tok_s", "tpot_ms")},
                 "predicted": {m: c.value(m) for m in ("output_tok_s", "tpot_ms")},
+                "beyond_stated_accuracy": beyond(c),
+                "mechanisms": [m.payload() for m in (gaps or {}).get(c.row.id, [])],
             }
             for c in checked
         ],

@@ -98,6 +98,7 @@ class Simulation:
         self.replicas = layout.replicas
         self.scale = self.ranks_per_instance * layout.replicas  # requests per rank → StepTimes' whole-layout view
         self.pool = memory.kv_tokens_per_rank
+        self.full_share, self.window = memory.kv_full_share, memory.kv_window_tokens
         self.slots = memory.max_running_requests_per_rank or 1 << 30
         self.chunk = layout.options.chunked_prefill_tokens or 8192
         self.tau = steps.tokens
@@ -179,7 +180,7 @@ class _Run:
         if not finished:
             return
         rank.running = [i for i in rank.running if self.gen[i] < self.osl[i] - 1e-9]
-        rank.held -= float(self._kv(finished).sum())
+        rank.held -= float(self._charge(self._kv(finished)).sum())
         for i in finished:
             self.finish[i] = self.t
             self.completed += 1
@@ -195,6 +196,21 @@ class _Run:
         prefills its earlier output again, so that output is counted once)."""
         return self.done_prefill[ids] + self.gen[ids] - (self.need[ids] - self.isl[ids])
 
+    def _charge(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """Pool tokens a request of `tokens` holds: all of them, or, where the engine keeps only the window of
+        sliding-window layers (vLLM's hybrid KV manager), the full layers' share of them plus the window."""
+        if self.sim.window is None:
+            return tokens
+        a = self.sim.full_share
+        return a * tokens + (1 - a) * np.minimum(tokens, self.sim.window)
+
+    def _growth(self, ids: list[int] | int, tokens: float) -> float:
+        """Pool tokens these requests take on when each gains `tokens`."""
+        if self.sim.window is None:
+            return tokens * (len(ids) if isinstance(ids, list) else 1)
+        kv = self._kv(ids)
+        return float(np.sum(self._charge(kv + tokens) - self._charge(kv)))
+
     def _reserved(self, rank: _Rank) -> float:
         if not rank.running or not self.ratio:
             return 0.0
@@ -206,7 +222,7 @@ class _Run:
         if len(rank.running) + (rank.chunked is not None) >= self.sim.slots:
             return False
         reserve = min(self.osl[i] - self.gen[i], p.reserve_clip_tokens) if p.reserve_ratio_start else 0.0
-        return self.need[i] + reserve <= self.sim.pool - rank.held - self._reserved(rank)
+        return self._charge(self.need[i] + reserve) <= self.sim.pool - rank.held - self._reserved(rank)
 
     # --- one step with prefill ----------------------------------------------------------------------------
 
@@ -231,8 +247,8 @@ class _Run:
                 break
             take = min(self.need[i] - self.done_prefill[i], budget)
             batch.append((i, take))
+            rank.held += self._growth(i, take)
             self.done_prefill[i] += take
-            rank.held += take
             budget -= take
             if self.done_prefill[i] < self.need[i] - 1e-9:
                 break  # part of it waits for the next step, as the rank's chunked request
@@ -244,7 +260,7 @@ class _Run:
         """A decode-only request: its prompt's KV is in the pool already, so it joins the decode batch at once
         (its first token comes from its first decode step). Evicted later, it prefills what it lost."""
         self.done_prefill[i] = self.need[i]
-        rank.held += self.need[i]
+        rank.held += float(self._charge(self._kv(i)))
         rank.running.append(i)
 
     def _mixed_step(self, batches: list[list[tuple[int, float]]]) -> None:
@@ -273,8 +289,8 @@ class _Run:
         for rank, batch in zip(self.ranks, batches, strict=True):
             for i, _ in batch:
                 if self.done_prefill[i] >= self.need[i] - 1e-9:
+                    rank.held += self._growth(i, 1)
                     self.gen[i] += 1  # a finished prefill samples the next token
-                    rank.held += 1
                     if np.isnan(self.first[i]):
                         self.first[i] = self.t
                     self.stall[i] = 0.0
@@ -282,8 +298,8 @@ class _Run:
         for rank, ids in decoding:
             self._record_itl(ids, duration, 1)
             self._first_from_decode(ids, self.t)
+            rank.held += self._growth(ids, sim.tau)
             self.gen[ids] += sim.tau
-            rank.held += sim.tau * len(ids)
         for rank in self.ranks:
             self._complete(rank)
 
@@ -296,11 +312,11 @@ class _Run:
     def _make_room(self, rank: _Rank) -> None:
         """Evict running requests until one more decode step fits this rank's pool."""
         while rank.running:
-            if self.sim.pool - rank.held >= len(rank.running) * self.sim.verify:
+            if self.sim.pool - rank.held >= self._growth(rank.running, self.sim.verify):
                 return
             victim = self._victim(rank)
             rank.running.remove(victim)
-            rank.held -= float(self._kv(victim))
+            rank.held -= float(self._charge(self._kv(victim)))
             self.need[victim] = self.isl[victim] + math.floor(self.gen[victim])
             self.done_prefill[victim] = 0.0
             rank.waiting.appendleft(victim)
@@ -328,8 +344,10 @@ class _Run:
             ids = rank.running
             left = self.osl[ids] - self.gen[ids]
             k = min(k, int(np.ceil(left.min() / sim.tau - 1e-9)))
-            free = sim.pool - rank.held - len(ids) * (sim.verify - sim.tau)
-            k = min(k, max(1, int(free // (len(ids) * sim.tau))))
+            per_step = self._growth(ids, sim.tau)
+            free = sim.pool - rank.held - (self._growth(ids, sim.verify) - per_step)
+            if per_step > 0:
+                k = min(k, max(1, int(free // per_step)))
             if rank.waiting and len(ids) < sim.slots:
                 k = min(k, RECHECK_STEPS)
         busiest = max(len(r.running) for r in active)
@@ -348,8 +366,8 @@ class _Run:
         for rank in active:
             self._record_itl(rank.running, cycle, k)
             self._first_from_decode(rank.running, self.t - (k - 1) * cycle)
+            rank.held += self._growth(rank.running, k * sim.tau)
             self.gen[rank.running] += k * sim.tau
-            rank.held += k * sim.tau * len(rank.running)
         if sim.policy.reserve_ratio_start:
             p = sim.policy
             decay = (p.reserve_ratio_start - p.reserve_ratio_min) / p.reserve_decay_steps

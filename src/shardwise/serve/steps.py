@@ -52,9 +52,10 @@ class StepTimes:
         *,
         accept_length: float | None = None,
         drafter: Drafter | None = None,
+        tables: bool = True,
     ) -> None:
         self.layout = layout
-        self.target = StepCostModel(StepModel(model, layout, cluster))
+        self.target = StepCostModel(StepModel(model, layout, cluster), tables=tables)
         self.plan: SpecPlan | None = None
         self.draft: StepCostModel | None = None
         self.tokens = 1.0
@@ -77,7 +78,7 @@ class StepTimes:
                 # the drafter runs on the target's GPUs inside the engine step: no scheduler step of its own
                 options = layout.options.model_copy(update={"spec": None, "overlap_schedule": True})
                 draft_layout = layout.model_copy(update={"pp": 1, "options": options})
-                self.draft = StepCostModel(StepModel(drafter.model, draft_layout, cluster))
+                self.draft = StepCostModel(StepModel(drafter.model, draft_layout, cluster), tables=tables)
         self._decode: dict[tuple[int, int], DecodeCycle] = {}
         self._prefill: dict[tuple[int, int, int], float] = {}
 

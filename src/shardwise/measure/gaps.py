@@ -1,0 +1,216 @@
+"""Why a measurement sits far from its prediction: the mechanisms shardwise knows, each priced where the model
+can price it.
+
+A row is beyond the stated accuracy when a metric's error exceeds the median error validate states for its
+kind of decoding (data/measurements/accuracy.yaml). For such a row every mechanism whose conditions hold is
+named. One the model can price comes with the prediction it gives: the row predicted again with that one
+input changed (peer-to-peer transfers off, the roofline instead of the kernel tables, the launch cost that
+would give the measured speed), and with what the same change does to the other rows measured on the same
+machine by the same source, which the change must not break to be a likely cause. A priced mechanism that
+moves the prediction away from the measurement cannot explain the gap and is left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardwise.engines.check import check_command
+from shardwise.hardware.calibration import Calibration
+from shardwise.hardware.kernel_tables import spec
+from shardwise.measure.accuracy import beyond_stated, older_than_modelled
+from shardwise.measure.reference import Checked, check_row
+from shardwise.spec.cluster import ClusterSpec, build_cluster
+
+LARGE_BATCH = 256  # running requests per rank from which per-request host work is a step's visible share
+METRICS = ("output_tok_s", "tpot_ms")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mechanism:
+    name: str
+    why: str
+    predicted: dict[str, float | None] | None = None  # the row's metrics with the mechanism in force
+    siblings: dict[str, float | None] = field(default_factory=dict)  # other rows' output tok/s error under it
+
+    def payload(self) -> dict:
+        return {"name": self.name, "why": self.why, "predicted": self.predicted, "siblings_error": self.siblings}
+
+
+def beyond(c: Checked) -> list[str]:
+    """The metrics on which a row's error exceeds the stated accuracy."""
+    spec = c.row.accept_length is not None
+    return [m for m in METRICS if beyond_stated(c.error(m), m, speculative=spec)]
+
+
+def explain(c: Checked, others: list[Checked]) -> list[Mechanism]:
+    """The mechanisms that could put this row's measurement where it is (none when within the stated accuracy).
+    `others` are every row validated with it: those of the same machine and source check a priced mechanism."""
+    metrics = beyond(c)
+    if not metrics or c.simulated is None:
+        return []
+    siblings = [o for o in others if o is not c and o.row.gpus == c.row.gpus and o.row.source == c.row.source
+                and o.simulated is not None]  # fmt: skip
+    found = [
+        _release(c),
+        _p2p(c, metrics, siblings),
+        _graphs_off(c, siblings),
+        _tables(c, metrics),
+        _roofline_only(c, metrics),
+        _host_per_request(c, metrics),
+        _preemption(c),
+        _assumed(c),
+    ]
+    return [m for m in found if m is not None]
+
+
+def _slower(c: Checked, metric: str) -> bool:
+    """The measurement is slower than the prediction on this metric."""
+    error = c.error(metric)
+    return error is not None and (error > 0 if metric == "output_tok_s" else error < 0)
+
+
+def _toward(c: Checked, variant: Checked, metrics: list[str]) -> bool:
+    """The variant's prediction is closer to the measurement on every metric beyond the stated accuracy."""
+    for m in metrics:
+        before, after = c.error(m), variant.error(m)
+        if before is None or after is None or abs(after) >= abs(before):
+            return False
+    return True
+
+
+def _metrics(c: Checked) -> dict[str, float | None]:
+    return {m: c.value(m) for m in METRICS}
+
+
+def _sibling_errors(siblings: list[Checked], cluster: ClusterSpec) -> dict[str, float | None]:
+    return {s.row.id: check_row(s.row, cluster=cluster).error("output_tok_s") for s in siblings}
+
+
+def _release(c: Checked) -> Mechanism | None:
+    modelled = older_than_modelled(c.engine or "", c.row.engine_version)
+    if modelled is None:
+        return None
+    return Mechanism(
+        name="older release",
+        why=f"measured on {c.engine} {c.row.engine_version}; the model stands for {c.engine} {modelled.release} "
+        f"and later ({modelled.why}): its kernels and scheduler may differ from these",
+    )
+
+
+def _p2p(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism | None:
+    """PCIe boxes: collectives with peer-to-peer transfers off go through host memory (NCCL's SHM/NET paths),
+    at far higher latency; priced with the link's P2P-off figures."""
+    cluster = c.cluster
+    if cluster is None or cluster.intra.link.kind != "pcie" or not cluster.intra.p2p:
+        return None
+    if c.step is None or not any(op.op_class.value == "comm" for op in c.step.ops if op.time_s > 0):
+        return None
+    off = build_cluster(
+        name=f"{cluster.name} with P2P off", gpu=cluster.gpu.name, nodes=cluster.nodes,
+        gpus_per_node=cluster.gpus_per_node,
+        intra_node={"link": cluster.intra.link.name, "p2p": False, "numa_nodes": cluster.intra.numa_nodes,
+                    "pcie_switches": cluster.intra.pcie_switches},
+    )  # fmt: skip
+    variant = check_row(c.row, cluster=off)
+    if variant.simulated is None or not _toward(c, variant, metrics):
+        return None
+    return Mechanism(
+        name="P2P off",
+        why="collectives between GPUs without peer-to-peer transfers (disabled, or not allowed by the host's PCIe "
+        "setup) go through host memory at a far higher latency per message; the same run priced so",
+        predicted=_metrics(variant),
+        siblings=_sibling_errors(siblings, off),
+    )
+
+
+def _graphs_off(c: Checked, siblings: list[Checked]) -> Mechanism | None:
+    """Eager launches: the launch cost per kernel that would give the measured speed, at one request (where a
+    step is one token of one request)."""
+    step, cluster = c.step, c.cluster
+    if step is None or cluster is None or c.row.concurrency != 1 or c.row.output_tok_s is None:
+        return None
+    checked = check_command(c.row.command, cluster=cluster, model=c.row.model)
+    layout = checked.setup.layout
+    if layout is None or layout.options.cuda_graph or not _slower(c, "output_tok_s"):
+        return None
+    kernels = sum(op.kernels for op in step.ops)
+    host = sum(s.host_s for s in step.stages)
+    if not kernels:
+        return None
+    per_launch_now = host / kernels
+    needed = per_launch_now * (c.value("output_tok_s") or 0) / c.row.output_tok_s
+    fitted = cluster.calibrated(Calibration(gpu=cluster.gpu.name, constants={"eager_kernel_cpu_s": needed},
+                                            fitted_on=(c.row.id,)))  # fmt: skip
+    variant = check_row(c.row, cluster=fitted)
+    return Mechanism(
+        name="CUDA graphs off",
+        why=f"every kernel is launched from Python: {kernels:,} launches per step at {per_launch_now * 1e6:.1f} µs "
+        f"each cost {host * 1e3:.1f} ms of the {step.time_s * 1e3:.1f} ms step; the measured speed needs "
+        f"{needed * 1e6:.1f} µs per launch",
+        predicted=_metrics(variant),
+        siblings=_sibling_errors(siblings, fitted),
+    )
+
+
+def _tables(c: Checked, metrics: list[str]) -> Mechanism | None:
+    """The kernel tables priced part of the step, and were collected on another release: the roofline instead."""
+    coverage = c.coverage or {}
+    if not coverage.get("tables"):
+        return None
+    variant = check_row(c.row, tables=False)
+    if variant.simulated is None or not _toward(c, variant, metrics):
+        return None
+    return Mechanism(
+        name="kernel tables",
+        why=f"{coverage['measured_share']:.0%} of the decode step comes from tables measured on another release "
+        f"({'; '.join(coverage['tables'])}); priced on the roofline instead",
+        predicted=_metrics(variant),
+    )
+
+
+def _roofline_only(c: Checked, metrics: list[str]) -> Mechanism | None:
+    """No op of the step is priced from a measured table: the whole step sits at its roofline bounds, which real
+    kernels reach only in part, so the prediction errs fast."""
+    coverage = c.coverage or {}
+    if coverage.get("measured_share", 0.0) > 0 or c.cluster is None or not any(_slower(c, m) for m in metrics):
+        return None
+    families = " and ".join(spec().priced)
+    return Mechanism(
+        name="roofline only",
+        why=f"no op of this step on {c.cluster.gpu.name} under {c.engine} is priced from a measured kernel table "
+        f"(tables price {families} where the package measured them): every op sits at its roofline bound (the "
+        "least time its bytes and FLOPs take), which real kernels reach only in part",
+    )
+
+
+def _host_per_request(c: Checked, metrics: list[str]) -> Mechanism | None:
+    """Host work that grows with the batch: scheduling, input preparation, sampling, and streaming each token to
+    its client. The model charges the host per step, not per running request or streamed token."""
+    sim = c.simulated
+    if sim is None or sim.peak_running < LARGE_BATCH or not any(_slower(c, m) for m in metrics):
+        return None
+    return Mechanism(
+        name="host work per request",
+        why=f"up to {sim.peak_running:,} requests run at once per rank, and the host work per running request and "
+        "per streamed token is not priced; vLLM's team measured a 57 % end-to-end gain at 1,024 concurrent "
+        "requests from streaming tokens in groups instead of one by one, and about 10 % from overlapping the "
+        "scheduler with the GPU (vLLM blog, 2026-02-01, gpt-oss optimizations on Blackwell)",
+    )
+
+
+def _preemption(c: Checked) -> Mechanism | None:
+    sim = c.simulated
+    if sim is None or not sim.retractions:
+        return None
+    pool = f" of {c.kv_tokens:,} tokens" if c.kv_tokens else ""
+    return Mechanism(
+        name="KV preemption",
+        why=f"the simulated run preempted {sim.retractions:,} requests when the KV pool{pool} filled: how the "
+        "engine sizes its pool and whom it preempts decide the waits",
+    )
+
+
+def _assumed(c: Checked) -> Mechanism | None:
+    if not c.row.assumed:
+        return None
+    return Mechanism(name="assumption", why=f"the source left this open and the row assumes it: {c.row.assumed}")
