@@ -4,10 +4,12 @@ import pytest
 
 from shardwise.cost.memory import memory_ledger
 from shardwise.cost.step import StepCostModel
+from shardwise.engines.base import get_engine
 from shardwise.engines.check import check_command
 from shardwise.hardware.load import overheads
 from shardwise.ops.build import StepModel
 from shardwise.ops.types import Comm, Compute, Phase
+from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
 from shardwise.spec.weights import model_weights
 
@@ -113,6 +115,7 @@ def test_removing_communication_never_slows_a_step(tp8, monkeypatch):
         return [op for op in original(**kwargs) if not isinstance(op, Comm)]
 
     monkeypatch.setattr(tp8.step_model, "ops", without_comm)
+    monkeypatch.setattr(tp8, "_costs", {})  # priced afresh from the changed ops, not from the layout's shared costs
     alone = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
     assert alone.time_s <= with_comm.time_s
     assert alone.time_s < with_comm.time_s - 1e-3  # TP8 over PCIe spends milliseconds in all-reduces
@@ -122,3 +125,27 @@ def test_memory_verdict_of_the_sanity_layouts_is_ok():
     cluster = load_cluster("8xrtx-pro-6000")
     checked = check_command(SGLANG + "--tp 8 --ep 8 --mem-fraction-static 0.85", cluster=cluster)
     assert memory_ledger(checked.model, checked.setup.layout, cluster).verdict == "ok"
+
+
+def test_layouts_that_differ_only_in_memory_or_launching_share_their_op_costs():
+    """A search prices each structure with the memory fraction raised and with CUDA graphs off: the ops cost the
+    same, so their costs are priced once. An FP8 KV cache changes what attention reads: priced apart. What the
+    host adds still follows each layout's own options."""
+    cluster, model = load_cluster("8xrtx-pro-6000"), load_model("kimi-k2.6")  # one of each, as a search has
+
+    def priced(flags: str) -> StepCostModel:
+        setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=model, cluster=cluster)
+        return StepCostModel(StepModel(model, setup.layout, cluster))
+
+    base, raised = priced("--tp 8 --mem-fraction-static 0.85"), priced("--tp 8 --mem-fraction-static 0.9")
+    eager = priced("--tp 8 --mem-fraction-static 0.85 --disable-cuda-graph")
+    fp8 = priced("--tp 8 --mem-fraction-static 0.85 --kv-cache-dtype fp8_e4m3")
+    assert base._costs is raised._costs is eager._costs
+    assert fp8._costs is not base._costs
+    graphed = base.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
+    launched = eager.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
+    assert launched.ops is graphed.ops  # the same priced ops
+    assert launched.time_s > graphed.time_s  # eager launches cost the host more
+    read_fp8 = fp8.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
+    attention = [o for o in read_fp8.ops if o.op_class.value == "attention"]
+    assert sum(o.bytes for o in attention) < sum(o.bytes for o in graphed.ops if o.op_class.value == "attention")

@@ -1,5 +1,7 @@
 """theorise on the user's case, checked against the engine, the physics floor and its own definitions."""
 
+import json
+
 import pytest
 
 from shardwise.cost.memory import memory_ledger
@@ -123,3 +125,24 @@ def test_a_request_too_long_for_every_pool_is_said_to_be_the_problem():
     t = theorise(load_model("llama-3.1-8b"), small, model_ref="llama-3.1-8b", engines=["sglang"], isl=120_000,
                  osl=1024, concurrency=[1])  # fmt: skip
     assert t.best is None and "none holds one request of 120,000 + 1,024 tokens" in t.would_fit[0]
+
+
+def test_a_benchmark_workload_simulates_the_best_setups_as_the_tool_sends_it():
+    """--lengths sharegpt --num-prompts 200: the five best setups of the screen, each simulated as 200 ShareGPT
+    prompts sent at once (the tools' default rate), ranked again by what the benchmark would report."""
+    from typer.testing import CliRunner
+
+    from shardwise.cli import app
+
+    result = CliRunner().invoke(app, ["theorise", "--lengths", "sharegpt", "--num-prompts", "200", "--json"])
+    assert result.exit_code == 0, result.output
+    bench = json.loads(result.stdout)["benchmark"]
+    assert [w["num_prompts"] for w in bench["workloads"]] == [200] and bench["workloads"][0]["request_rate"] is None
+    ranked = bench["ranked"]
+    assert 1 <= len(ranked) <= 5
+    assert sorted({r["screen_rank"] for r in ranked}) == sorted(r["screen_rank"] for r in ranked)  # distinct
+    values = [r["output_tok_s"] for r in ranked]
+    assert values == sorted(values, reverse=True)
+    for r in ranked:
+        (run,) = r["results"]
+        assert run["load"] == "200 at once" and run["tpot_ms_mean"] > 0 and run["ttft_s_mean"] > 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -26,16 +25,9 @@ from shardwise.engines.flags import command_text
 from shardwise.errors import SpecError
 from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
 from shardwise.hardware.load import read_yaml
-from shardwise.measure.bench import Target, run_level
-from shardwise.measure.calibrate import calibrate as run_calibrate
 from shardwise.measure.gaps import explain
 from shardwise.measure.importers import read_results
-from shardwise.measure.memory_fit import fit_memory
 from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
-from shardwise.measure.startup_log import read_startup_log
-from shardwise.measure.sweep import SweepPlan, recalibrate, reranked
-from shardwise.measure.sweep import sweep as run_sweep
-from shardwise.report import bench as report_bench
 from shardwise.report import files as report_files
 from shardwise.report import json as report_json
 from shardwise.report import simulation as report_simulation
@@ -68,6 +60,11 @@ def bench(
 ) -> None:
     """Measure a live server the way the engines' benchmark tools do: TTFT, TPOT, ITL, E2E and throughput per
     load level; each level is appended to --output as soon as it finishes."""
+    import asyncio  # the measuring commands' libraries load only when they run
+
+    from shardwise.measure.bench import Target, run_level
+    from shardwise.report import bench as report_bench
+
     loads = loads_of(concurrency, request_rate)
     if not url.startswith(("http://", "https://")):
         raise SpecError(f"--url must start with http:// or https://, e.g. http://localhost:30000; got {url!r}")
@@ -165,6 +162,8 @@ def calibrate(
     """Fit named physical constants to measurements of this machine and write a profile that theorise, check
     and simulate take with --profile; report the error before and after, on held-out measurements too. With
     --log, fit the machine's non-weight memory to what a server printed while it started."""
+    from shardwise.measure.calibrate import calibrate as run_calibrate
+
     if log is not None:
         _calibrate_memory(log, command=command, gpus=gpus, output=output, json=json)
         return
@@ -196,6 +195,9 @@ def calibrate(
 
 
 def _calibrate_memory(log: Path, *, command: str | None, gpus: str, output: Path, json: bool) -> None:
+    from shardwise.measure.memory_fit import fit_memory
+    from shardwise.measure.startup_log import read_startup_log
+
     if not command:
         raise SpecError("--log needs the launch command the server ran: --command 'python -m sglang.launch_server …'")
     cluster_spec = load_cluster(gpus)
@@ -240,6 +242,10 @@ def sweep(
 ) -> None:
     """Start each setup, benchmark it, stop it, record it; diagnose the ones that fail; then calibrate on what
     was measured and print the re-ranked setups. Run again to continue: finished setups are not re-run."""
+    from shardwise.measure.sweep import SweepPlan, recalibrate, reranked
+    from shardwise.measure.sweep import sweep as run_sweep
+    from shardwise.report import bench as report_bench
+
     cluster_spec = load_cluster(gpus)
     commands = list(command or [])
     if plan is not None:

@@ -29,6 +29,20 @@ SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search p
 _SHARED: OrderedDict[tuple, tuple[ModelSpec, ClusterSpec, dict[tuple, tuple[OpCost, ...]]]] = OrderedDict()
 
 
+_COMM: OrderedDict[int, tuple[ClusterSpec, dict[tuple, float]]] = OrderedDict()
+
+
+def _shared_comm(cluster: ClusterSpec) -> dict[tuple, float]:
+    """Collective times on one cluster, by (collective, size, group, implementation): every layout of a search
+    asks for the same few; the cluster is held with its entry, so its id cannot be reused while it lives."""
+    entry = _COMM.get(id(cluster))
+    if entry is None or entry[0] is not cluster:
+        if len(_COMM) >= SHARED_LAYOUTS:
+            _COMM.popitem(last=False)
+        entry = _COMM[id(cluster)] = (cluster, {})
+    return entry[1]
+
+
 def _shared_costs(model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables: bool) -> dict:
     """The op costs of one layout's steps, by step: shared by every layout with the same ops (a search prices the
     same structure with the memory fraction raised, CUDA graphs off, other slot counts: the ops cost the same).
@@ -125,7 +139,7 @@ class StepCostModel:
         self._scheduler_s = 0.0 if layout.options.overlap_schedule else scheduler
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
-        self._comm_times: dict[tuple, float] = {}
+        self._comm_times = _shared_comm(self.cluster)
         self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._costs = _shared_costs(step_model.model, layout, self.cluster, tables)
 
@@ -144,11 +158,15 @@ class StepCostModel:
         layout = self.step_model.layout
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
-        stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed) for s in range(layout.pp))
-        return StepCost(
-            phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens, ops=costs,
-            stages=stages,
-        )  # fmt: skip
+        whole = (key, graphed, self._eager_s, self._graph_s, self._scheduler_s)  # the host side decides the rest
+        step = self._costs.get(whole)
+        if step is None:
+            stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed) for s in range(layout.pp))
+            step = self._costs[whole] = StepCost(
+                phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens, ops=costs,
+                stages=stages,
+            )  # fmt: skip
+        return step
 
     def _stage(self, stage: int, costs: list[OpCost], graphed: bool) -> StageCost:
         parts = dict.fromkeys(PARTS, 0.0)

@@ -126,10 +126,13 @@ class _Search:
         self._seen.add(key)
         added, started = 0, None
         for label, options in [("", {}), *_option_sets(engine, given)]:
-            variant = engine.setup({**given, **options}, model=self.model, cluster=self.cluster, version=version)
-            if not variant.valid or variant.layout is None:
-                continue
-            v_memory = memory_ledger(self.model, variant.layout, self.cluster)
+            if not options:  # the command as given: set up and sized above
+                variant, v_memory = setup, memory
+            else:
+                variant = engine.setup({**given, **options}, model=self.model, cluster=self.cluster, version=version)
+                if not variant.valid or variant.layout is None:
+                    continue
+                v_memory = memory_ledger(self.model, variant.layout, self.cluster)
             for v_label, v_setup, v_ledger in self._with_raised_fraction(engine, label, {**given, **options},
                                                                           variant, v_memory, version):  # fmt: skip
                 if v_ledger.verdict == "ok" and self._holds(v_setup.layout, v_ledger):

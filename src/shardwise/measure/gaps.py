@@ -160,10 +160,15 @@ def _tables(c: Checked, metrics: list[str]) -> Mechanism | None:
     variant = check_row(c.row, tables=False)
     if variant.simulated is None or not _toward(c, variant, metrics):
         return None
+    measured_on = (
+        f"the row ran {c.engine} {c.row.engine_version}"
+        if c.row.engine_version
+        else "the row's release is not recorded"
+    )
     return Mechanism(
         name="kernel tables",
-        why=f"{coverage['measured_share']:.0%} of the decode step comes from tables measured on another release "
-        f"({'; '.join(coverage['tables'])}); priced on the roofline instead",
+        why=f"{coverage['measured_share']:.0%} of the decode step comes from tables one engine release measured "
+        f"({'; '.join(coverage['tables'])}; {measured_on}); priced on the roofline instead",
         predicted=_metrics(variant),
     )
 

@@ -136,7 +136,7 @@ def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: 
     """Predict one row as its benchmark ran it. `cluster` and `tables` change one input (another description of
     the row's GPUs; the roofline instead of the kernel tables) to price what that input does to the prediction."""
     cluster = cluster or load_cluster(row.gpus)
-    checked = check_command(row.command, cluster=cluster, model=row.model)
+    checked = check_command(row.command, cluster=cluster, model=row.model, version=row.engine_version)
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"
