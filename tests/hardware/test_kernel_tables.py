@@ -96,3 +96,38 @@ def test_the_mla_decode_grid_is_the_packages_rows_and_fp8_kv_has_none_on_this_gp
     assert grid.time_s(math.sqrt(8 * 16), 4096) == (pytest.approx(expected, rel=1e-9), False)
     assert grid.time_s(512, 4096) == (pytest.approx(2 * MLA_ROWS_MS[256] / 1e3, rel=1e-4), True)
     assert mla_decode_grid("rtx-pro-6000-server", "sglang", "0.5.23", MLADecodeShape(heads=8, kv_bytes=1)) is None
+
+
+def test_a_users_own_table_is_read_before_the_packages_and_says_so(tmp_path, monkeypatch):
+    """$SHARDWISE_KERNEL_TABLES: a folder laid out as the package's data. A row set the user measured for the
+    Kimi EP8 expert shape prices it (their machine, their release); shapes it does not hold fall back to the
+    package's tables."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "rtx_pro_6000_server" / "moe" / "sglang" / "0.5.20"
+    folder.mkdir(parents=True)
+    tokens = [1, 16, 256]
+    table = pa.table({
+        "kernel_source": ["my_marlin"] * 3, "num_tokens": tokens, "inter_size": [2048] * 3, "topk": [8] * 3,
+        "moe_tp_size": [1] * 3, "moe_ep_size": [8] * 3, "distribution": ["power_law_1.01"] * 3,
+        "latency": [0.05, 0.2, 1.0], "moe_dtype": ["int4_wo"] * 3, "hidden_size": [7168] * 3,
+        "num_experts": [384] * 3,
+    })  # fmt: skip
+    pq.write_table(table, folder / "moe_perf.parquet")
+    monkeypatch.setenv("SHARDWISE_KERNEL_TABLES", str(tmp_path))
+    monkeypatch.setenv("SHARDWISE_CACHE", str(tmp_path / "cache"))
+    kernel_tables._rows.cache_clear()
+    moe_curve.cache_clear()
+    try:
+        mine = moe_curve("rtx-pro-6000-server", "sglang", "0.5.23", KIMI_EP8)
+        assert mine is not None and mine.release == "0.5.20"
+        assert mine.source == f"user tables {tmp_path} rtx_pro_6000_server sglang 0.5.20 moe_perf (my_marlin)"
+        assert mine.time_s(16) == (pytest.approx(0.2e-3), False)
+        assert not (tmp_path / "cache").exists()  # a user's table is read afresh, never cached
+        other = MoEShape(weight_format="int4-g32", hidden=7168, inter=2048, topk=8, experts=384, moe_tp=8, moe_ep=1)
+        theirs = moe_curve("rtx-pro-6000-server", "sglang", "0.5.23", other)
+        assert theirs is not None and theirs.source.startswith("aiconfigurator-core 0.12.0 ")
+    finally:
+        kernel_tables._rows.cache_clear()
+        moe_curve.cache_clear()

@@ -7,6 +7,7 @@ the newest table release at or below the engine release modelled (or the oldest 
 when no table holds that shape. Lookups interpolate log-log between measured token counts; beyond the last
 one they scale linearly from it (flagged as extrapolated). Only the row set a run asks for is read, once per
 process; it is kept under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
+A folder of the user's own measurements in the same layout ($SHARDWISE_KERNEL_TABLES) is looked up first.
 """
 
 from __future__ import annotations
@@ -50,6 +51,23 @@ class KernelTablesSpec(BaseModel):
 def spec() -> KernelTablesSpec:
     path = data_dir() / "kernel_tables.yaml"
     return validate(KernelTablesSpec, read_yaml(path), origin=str(path))
+
+
+USER_TABLES = "SHARDWISE_KERNEL_TABLES"  # a folder of the user's own tables, read before the package's
+
+
+def _roots() -> list[tuple[str, Path, bool]]:
+    """Where tables are looked up, in order: (label, folder, whether its row sets are kept in the cache). The
+    user's own measurements first ($SHARDWISE_KERNEL_TABLES: a folder laid out as the package's data,
+    <system>/<family>/<framework>/<release>/<table>.parquet, with the same columns), then the pinned package's."""
+    roots = []
+    user = os.environ.get(USER_TABLES)
+    if user:
+        roots.append((f"user tables {user}", Path(user), False))
+    package = _package_root()
+    if package is not None:
+        roots.append((f"{spec().package} {spec().version}", package, True))
+    return roots
 
 
 @cache
@@ -166,29 +184,33 @@ def _ordered(releases: list[str], modelled: str) -> list[str]:
 @cache
 def moe_curve(gpu: str, engine: str, release: str, shape: MoEShape) -> Curve | None:
     """The measured routed-expert latency curve of `shape` on `gpu`, or None where no table holds it."""
-    root, cfg = _package_root(), spec()
+    cfg = spec()
     system = cfg.systems.get(gpu)
     dtype = cfg.moe.dtypes.get(shape.weight_format)
-    if root is None or system is None or dtype is None:
+    if system is None or dtype is None:
         return None
-    for table_release in _ordered(_releases(root, system, "moe", engine), release):
-        rows = _moe_rows(root, system, engine, table_release, dtype, shape.hidden, shape.experts)
-        if rows is None:
-            continue
-        keep = (
-            (rows["inter_size"] == shape.inter)
-            & (rows["topk"] == shape.topk)
-            & (rows["moe_tp_size"] == shape.moe_tp)
-            & (rows["moe_ep_size"] == shape.moe_ep)
-            & (rows["distribution"] == cfg.moe.distribution)
-        )
-        if keep.sum() < 2:
-            continue
-        tokens, seconds = rows["num_tokens"][keep], rows["latency"][keep] / 1e3
-        tokens, first = np.unique(tokens, return_index=True)  # a repeated key: the first row, as the package does
-        kernel = str(rows["kernel_source"][keep][0])
-        label = f"{cfg.package} {cfg.version} {system} {engine} {table_release} moe_perf ({kernel})"
-        return Curve(tokens=tokens.astype(float), seconds=seconds[first], source=label, release=table_release)
+    for label, root, kept in _roots():
+        for table_release in _ordered(_releases(root, system, "moe", engine), release):
+            rows = _rows(root / system / cfg.moe.table.format(framework=engine, release=table_release),
+                         f"moe-{system}-{engine}-{table_release}-{dtype}-{shape.hidden}-{shape.experts}" if kept
+                         else None, MOE_COLUMNS, (("moe_dtype", "=", dtype), ("hidden_size", "=", shape.hidden),
+                                                  ("num_experts", "=", shape.experts)))  # fmt: skip
+            if rows is None:
+                continue
+            keep = (
+                (rows["inter_size"] == shape.inter)
+                & (rows["topk"] == shape.topk)
+                & (rows["moe_tp_size"] == shape.moe_tp)
+                & (rows["moe_ep_size"] == shape.moe_ep)
+                & (rows["distribution"] == cfg.moe.distribution)
+            )
+            if keep.sum() < 2:
+                continue
+            tokens, seconds = rows["num_tokens"][keep], rows["latency"][keep] / 1e3
+            tokens, first = np.unique(tokens, return_index=True)  # a repeated key: the first row, as the package does
+            kernel = str(rows["kernel_source"][keep][0])
+            source = f"{label} {system} {engine} {table_release} moe_perf ({kernel})"
+            return Curve(tokens=tokens.astype(float), seconds=seconds[first], source=source, release=table_release)
     return None
 
 
@@ -202,14 +224,6 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shardwise"
     )
     return Path(base) / "kernel-tables" / spec().version
-
-
-def _moe_rows(root: Path, system: str, engine: str, release: str, dtype: str, hidden: int,
-              experts: int) -> dict[str, np.ndarray] | None:  # fmt: skip
-    """The rows of one MoE table for one expert shape."""
-    return _rows(root / system / spec().moe.table.format(framework=engine, release=release),
-                 f"moe-{system}-{engine}-{release}-{dtype}-{hidden}-{experts}", MOE_COLUMNS,
-                 (("moe_dtype", "=", dtype), ("hidden_size", "=", hidden), ("num_experts", "=", experts)))  # fmt: skip
 
 
 def _keep(path: Path, rows: dict[str, np.ndarray]) -> None:
@@ -226,30 +240,31 @@ def _keep(path: Path, rows: dict[str, np.ndarray]) -> None:
 @cache
 def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) -> Grid | None:
     """The measured MLA decode attention of `shape` on `gpu` over (batch, KV length), or None."""
-    root, cfg = _package_root(), spec()
+    cfg = spec()
     system = cfg.systems.get(gpu)
     kv_dtype = cfg.mla_decode.kv_dtypes.get(str(shape.kv_bytes))
-    if root is None or system is None or kv_dtype is None:
+    if system is None or kv_dtype is None:
         return None
-    for table_release in _ordered(_releases(root, system, "mla", engine), release):
-        rows = _rows(root / system / cfg.mla_decode.table.format(framework=engine, release=table_release),
-                     f"mla-decode-{system}-{engine}-{table_release}-{kv_dtype}",
-                     MLA_COLUMNS, (("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16")))  # fmt: skip
-        if rows is None:
-            continue
-        keep = rows["num_heads"] == shape.heads
-        if keep.sum() < 4:
-            continue
-        batch, kv_len = rows["batch_size"][keep], rows["step"][keep] + 1  # `step` tokens cached before this one
-        seconds = rows["latency"][keep] / 1e3
-        batches, lens = np.unique(batch), np.unique(kv_len)
-        grid = np.full((len(batches), len(lens)), np.nan)
-        for b, k, t in zip(batch[::-1], kv_len[::-1], seconds[::-1], strict=True):  # a repeated key: the first row
-            grid[np.searchsorted(batches, b), np.searchsorted(lens, k)] = t
-        kernel = str(rows["kernel_source"][keep][0])
-        label = f"{cfg.package} {cfg.version} {system} {engine} {table_release} generation_mla_perf ({kernel})"
-        return Grid(batch=batches.astype(float), kv_len=lens.astype(float), seconds=grid, source=label,
-                    release=table_release)  # fmt: skip
+    for label, root, kept in _roots():
+        for table_release in _ordered(_releases(root, system, "mla", engine), release):
+            rows = _rows(root / system / cfg.mla_decode.table.format(framework=engine, release=table_release),
+                         f"mla-decode-{system}-{engine}-{table_release}-{kv_dtype}" if kept else None,
+                         MLA_COLUMNS, (("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16")))  # fmt: skip
+            if rows is None:
+                continue
+            keep = rows["num_heads"] == shape.heads
+            if keep.sum() < 4:
+                continue
+            batch, kv_len = rows["batch_size"][keep], rows["step"][keep] + 1  # `step` tokens cached before this one
+            seconds = rows["latency"][keep] / 1e3
+            batches, lens = np.unique(batch), np.unique(kv_len)
+            grid = np.full((len(batches), len(lens)), np.nan)
+            for b, k, t in zip(batch[::-1], kv_len[::-1], seconds[::-1], strict=True):  # repeated key: the first row
+                grid[np.searchsorted(batches, b), np.searchsorted(lens, k)] = t
+            kernel = str(rows["kernel_source"][keep][0])
+            source = f"{label} {system} {engine} {table_release} generation_mla_perf ({kernel})"
+            return Grid(batch=batches.astype(float), kv_len=lens.astype(float), seconds=grid, source=source,
+                        release=table_release)  # fmt: skip
     return None
 
 
@@ -257,11 +272,12 @@ MLA_COLUMNS = ("kernel_source", "num_heads", "batch_size", "step", "latency")
 
 
 @cache
-def _rows(path: Path, key: str, columns: tuple[str, ...],
+def _rows(path: Path, key: str | None, columns: tuple[str, ...],
           filters: tuple[tuple[str, str, object], ...]) -> dict[str, np.ndarray] | None:  # fmt: skip
-    """The rows of one table that pass `filters`: from the cache when an earlier run read them."""
-    kept = cache_dir() / f"{key}.npz"
-    if kept.is_file():
+    """The rows of one table that pass `filters`: from the cache when an earlier run read them (`key` names them
+    there; None: a user's table, read afresh each run, as it may change)."""
+    kept = cache_dir() / f"{key}.npz" if key else None
+    if kept is not None and kept.is_file():
         with np.load(kept, allow_pickle=False) as saved:
             rows = {name: saved[name] for name in saved.files}
         return rows or None
@@ -271,5 +287,6 @@ def _rows(path: Path, key: str, columns: tuple[str, ...],
 
     table = pq.read_table(path, columns=list(columns), filters=list(filters))
     rows = {name: np.asarray(table.column(name).to_pylist()) for name in columns} if table.num_rows else {}
-    _keep(kept, rows)
+    if kept is not None:
+        _keep(kept, rows)
     return rows or None
