@@ -76,6 +76,9 @@ def test_the_users_ep8_decode_step_prices_its_experts_from_the_table():
     assert coverage["measured_share"] == pytest.approx(measured / total)
     assert coverage["tables"] == sorted({experts.measured, attention[0].measured})
     assert coverage["extrapolated_share"] == 0.0
+    # SGLang 0.5.23 is modelled; the tables were measured on 0.5.14: all the measured share is another release's
+    assert step.release == "0.5.23" and experts.measured_release == "0.5.14"
+    assert coverage["other_release_share"] == pytest.approx(coverage["measured_share"])
 
 
 # rtx_pro_6000_server/mla/sglang/0.5.14/generation_mla_perf.parquet, triton, bf16 KV, 8 local heads (Kimi at

@@ -24,10 +24,10 @@ class MeasuredKernels:
             curve = moe_curve(self.gpu, self.engine, self.release, op.moe)
             if curve is not None:
                 seconds, beyond = curve.time_s(op.tokens)
-                return Measured(seconds=seconds, source=curve.source, extrapolated=beyond)
+                return Measured(seconds=seconds, source=curve.source, extrapolated=beyond, release=curve.release)
         if op.mla_decode is not None and "mla_decode" in self.families:
             grid = mla_decode_grid(self.gpu, self.engine, self.release, op.mla_decode)
             found = grid.time_s(op.tokens, op.context) if grid is not None else None
             if grid is not None and found is not None:
-                return Measured(seconds=found[0], source=grid.source, extrapolated=found[1])
+                return Measured(seconds=found[0], source=grid.source, extrapolated=found[1], release=grid.release)
         return None

@@ -70,6 +70,7 @@ class OpCost:
     hidden: bool = False  # overlapped with other work (two-batch overlap): not on the critical path
     measured: str | None = None  # the kernel table its time comes from; None: priced by the roofline
     extrapolated: bool = False  # looked up beyond the table's measured range
+    measured_release: str | None = None  # the engine release that measured the table
 
     @property
     def achieved_fraction(self) -> float:
@@ -94,6 +95,7 @@ def compute_cost(op: Compute, r: Rates, measured: Measured | None = None) -> OpC
         flops=op.flops * op.count, bytes=op.bytes * op.count, compute_s=compute * op.count,
         memory_s=memory * op.count, comm_s=0.0, launch_s=launch * op.count, time_s=one * op.count, bound=bound,
         measured=measured.source if measured else None, extrapolated=measured.extrapolated if measured else False,
+        measured_release=measured.release if measured else None,
     )  # fmt: skip
 
 
@@ -104,6 +106,7 @@ class Measured:
     seconds: float
     source: str
     extrapolated: bool
+    release: str  # the engine release that measured it
 
 
 def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None = None) -> OpCost:

@@ -79,6 +79,7 @@ class StepCost:
     context_tokens: int
     ops: tuple[OpCost, ...]
     stages: tuple[StageCost, ...]
+    release: str = ""  # the engine release modelled
 
     @property
     def time_s(self) -> float:
@@ -101,13 +102,15 @@ class StepCost:
     @property
     def coverage(self) -> dict[str, float | list[str]]:
         """Share of the step's GPU time on the critical path priced from measured kernel tables (the rest from
-        the roofline and the link model), the share looked up beyond a table's range, and the tables used."""
+        the roofline and the link model), the share looked up beyond a table's range, the share from tables another
+        engine release measured than the one modelled, and the tables used."""
         ops = [op for op in self.ops if not op.hidden]
         total = sum(op.time_s for op in ops) or 1.0
         measured = [op for op in ops if op.measured]
         return {
             "measured_share": sum(op.time_s for op in measured) / total,
             "extrapolated_share": sum(op.time_s for op in measured if op.extrapolated) / total,
+            "other_release_share": sum(op.time_s for op in measured if op.measured_release != self.release) / total,
             "tables": sorted({op.measured for op in measured if op.measured}),
         }
 
@@ -164,7 +167,7 @@ class StepCostModel:
             stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed) for s in range(layout.pp))
             step = self._costs[whole] = StepCost(
                 phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens, ops=costs,
-                stages=stages,
+                stages=stages, release=layout.version,
             )  # fmt: skip
         return step
 
