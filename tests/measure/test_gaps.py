@@ -46,3 +46,12 @@ def test_a_row_from_an_older_release_is_its_own_group_and_says_so():
     assert group_of_row(c) == "older release"
     (release,) = [m for m in explain(c, [c]) if m.name == "older release"]
     assert "sglang 0.4.1.post2" in release.why and "0.5.0" in release.why
+
+
+def test_the_attention_dp_rows_name_the_per_step_exchange_of_their_ranks():
+    """DeepSeek-V3 with eight attention-DP ranks on MI300X (SGLang 0.5.7, 100 clients): measured three times
+    slower than predicted; its ranks' per-step batch exchange is named, and no table covers the GPU."""
+    row = next(r for r in load_rows() if r.id == "GT22")
+    c = check_row(row)
+    names = [m.name for m in explain(c, [c])]
+    assert "attention DP" in names and "roofline only" in names

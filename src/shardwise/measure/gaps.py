@@ -54,6 +54,7 @@ def explain(c: Checked, others: list[Checked]) -> list[Mechanism]:
         _release(c),
         _p2p(c, metrics, siblings),
         _graphs_off(c, siblings),
+        _attention_dp(c, metrics),
         _tables(c, metrics),
         _roofline_only(c, metrics),
         _host_per_request(c, metrics),
@@ -149,6 +150,20 @@ def _graphs_off(c: Checked, siblings: list[Checked]) -> Mechanism | None:
         f"{needed * 1e6:.1f} µs per launch",
         predicted=_metrics(variant),
         siblings=_sibling_errors(siblings, fitted),
+    )
+
+
+def _attention_dp(c: Checked, metrics: list[str]) -> Mechanism | None:
+    """Attention DP runs its ranks in lockstep; what that costs the host is not priced."""
+    layout = c.layout_spec
+    if layout is None or layout.attn_dp < 2 or c.engine != "sglang" or not any(_slower(c, m) for m in metrics):
+        return None
+    return Mechanism(
+        name="attention DP",
+        why=f"{layout.attn_dp} attention-DP ranks run every step together: before each step they all-gather their "
+        "batch sizes over the scheduler's process group, and a rank without work runs an idle batch to join the "
+        "MoE layers' collectives (SGLang managers/scheduler_components/dp_attn.py prepare_mlp_sync_batch_raw); "
+        "the model prices the busiest rank's kernels and the collectives, not that exchange",
     )
 
 

@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from shardwise.cost.memory import memory_ledger
 from shardwise.cost.step import StepCost
 from shardwise.engines.check import check_command
+from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
@@ -106,6 +107,7 @@ class Checked:
     workload: WorkloadSpec | None = None  # what was simulated
     coverage: dict | None = None  # the decode step at the run's mean batch: share priced from kernel tables
     engine: str | None = None
+    layout_spec: Layout | None = None  # the layout as the engine runs it
     cluster: ClusterSpec | None = None  # the GPUs as predicted
     step: StepCost | None = None  # the decode step at the run's mean batch
     kv_tokens: int | None = None  # KV pool per rank, in tokens
@@ -156,8 +158,8 @@ def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: 
     context = sum(i + o / 2 for i, o in pairs) / len(pairs) if pairs else row.isl + row.osl / 2
     decode = steps.decode(running, int(context))
     return Checked(row=row, layout=layout.describe(), problem=None, simulated=result, workload=workload,
-                   coverage=decode.step.coverage, engine=layout.engine, cluster=cluster, step=decode.step,
-                   kv_tokens=memory.kv_tokens_per_rank)  # fmt: skip
+                   coverage=decode.step.coverage, engine=layout.engine, layout_spec=layout, cluster=cluster,
+                   step=decode.step, kv_tokens=memory.kv_tokens_per_rank)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
