@@ -146,3 +146,10 @@ def test_a_benchmark_workload_simulates_the_best_setups_as_the_tool_sends_it():
     for r in ranked:
         (run,) = r["results"]
         assert run["load"] == "200 at once" and run["tpot_ms_mean"] > 0 and run["ttft_s_mean"] > 0
+    # the commands that check it start the benchmark's best and send what the benchmark sent
+    *launches, bench, simulate = json.loads(result.stdout)["verify"]
+    assert launches[0] == ranked[0]["launch"]
+    assert bench[:3] == ["python", "-m", "sglang.bench_serving"] and "sharegpt" in bench and "200" in bench
+    assert "--max-concurrency" not in bench and "--request-rate" not in bench  # the tool's default: all at once
+    assert simulate[:2] == ["shardwise", "simulate"] and simulate[simulate.index("--lengths") + 1] == "sharegpt"
+    assert simulate[simulate.index("--request-rate") + 1] == "inf"

@@ -219,7 +219,7 @@ def theorise(
             spec, cluster_spec, model_ref=model, engines=engines, isl=isl, osl=osl, concurrency=levels,
             objective=goal, tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
             ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None, accept_length=accept_length,
-            version=engine_version, workloads=workloads,
+            version=engine_version, workloads=workloads, lengths=lengths, range_ratio=range_ratio,
             progress=lambda done, total: update("predicting setups", done / total),
         )  # fmt: skip
     if markdown is not None:

@@ -81,13 +81,22 @@ def theorise(
     accept_length: float | None = None,
     version: str | None = None,
     workloads: Sequence[WorkloadSpec] = (),
+    lengths: str | None = None,
+    range_ratio: float | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Theory:
-    """Search, rank and explain; with `workloads` (a benchmark's loads), also simulate the best setups under them."""
+    """Search, rank and explain; with `workloads` (a benchmark's loads, drawn from `lengths` or with `range_ratio`
+    as the command line asked), also simulate the best setups under them, and verify the best of those."""
     result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl, concurrency=concurrency,
                     version=version, progress=progress)  # fmt: skip
     ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
     winners = winners_by_concurrency(result.candidates)
+    benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None
+    if benchmark is not None and benchmark.best is not None:
+        verify = _verify_benchmark(benchmark, model_ref, cluster, isl=isl, osl=osl, lengths=lengths,
+                                   range_ratio=range_ratio)  # fmt: skip
+    else:
+        verify = _verify(ranking, model_ref, cluster, isl=isl, osl=osl)
     return Theory(
         result=result,
         ranking=ranking,
@@ -97,9 +106,9 @@ def theorise(
         winners=tuple(winners),
         crossovers=tuple(crossovers(winners)),
         frontier=tuple(pareto(result.candidates)),
-        verify=_verify(ranking, model_ref, cluster, isl=isl, osl=osl),
+        verify=verify,
         would_fit=() if result.candidates else _too_long(result) + would_fit(model, cluster, isl=isl, osl=osl),
-        benchmark=simulate_best(result, ranking, workloads) if workloads and ranking.scores else None,
+        benchmark=benchmark,
     )
 
 
@@ -119,6 +128,27 @@ def _verify(
     simulate = ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, "--concurrency", str(c),
                 "--isl", str(isl), "--osl", str(osl), "--", *launch)  # fmt: skip
     return (*win.candidate.launches, tuple(bench), simulate)
+
+
+def _verify_benchmark(benchmark: BenchmarkRanking, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int,
+                      lengths: str | None, range_ratio: float | None) -> tuple[tuple[str, ...], ...]:  # fmt: skip
+    """The benchmark's best setup launched on each node, the engine's benchmark tool sending its first workload, and
+    shardwise's simulation of the same."""
+    assert benchmark.best is not None
+    best, w = benchmark.best.candidate, benchmark.workloads[0]
+    rate = None if math.isinf(w.request_rate) else w.request_rate
+    bench = get_engine(best.engine).benchmark_command(
+        model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=w.concurrency, prompts=w.num_requests,
+        dataset=lengths, request_rate=rate, range_ratio=range_ratio,
+    )  # fmt: skip
+    launch = [token.replace(HEAD_IP, "HEAD_IP") for token in best.launch]
+    load = ["--concurrency", str(w.concurrency)] if w.concurrency else []
+    load += ["--request-rate", "inf" if rate is None else f"{rate:g}"] if not w.concurrency or rate else []
+    shape = ["--lengths", lengths] if lengths else ["--isl", str(isl), "--osl", str(osl)]
+    shape += ["--range-ratio", f"{range_ratio:g}"] if range_ratio is not None and not lengths else []
+    simulate = ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, *load, "--num-prompts",
+                str(w.num_requests), *shape, "--", *launch)  # fmt: skip
+    return (*best.launches, tuple(bench), simulate)
 
 
 def _too_long(result: SearchResult) -> tuple[str, ...]:

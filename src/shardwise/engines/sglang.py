@@ -6,6 +6,7 @@ DCP are carved out of it and add no GPUs. GPUs used = dp (replicas) × tp × pp.
 
 from __future__ import annotations
 
+import math
 from itertools import product
 from typing import Any, ClassVar
 
@@ -315,11 +316,23 @@ class SGLang(FlagEngine):
     def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         return _candidates(model, cluster)
 
-    def benchmark_command(self, *, model_ref: str, isl: int, osl: int, concurrency: int, prompts: int) -> list[str]:
-        """sglang.bench_serving at fixed lengths (range ratio 1: its default 0 draws lengths from 1 up)."""
-        return ["python", "-m", "sglang.bench_serving", "--backend", "sglang", "--dataset-name", "random",
-                "--random-input-len", str(isl), "--random-output-len", str(osl), "--random-range-ratio", "1",
-                "--num-prompts", str(prompts), "--max-concurrency", str(concurrency)]  # fmt: skip
+    def benchmark_command(
+        self, *, model_ref: str, isl: int, osl: int, concurrency: int | None, prompts: int, dataset: str | None = None,
+        request_rate: float | None = None, range_ratio: float | None = None,
+    ) -> list[str]:  # fmt: skip
+        """sglang.bench_serving: ShareGPT, or random lengths (range ratio 1 for fixed: its default 0 draws lengths
+        from 1 up); its default rate is inf and it has no cap unless given."""
+        cmd = ["python", "-m", "sglang.bench_serving", "--backend", "sglang"]
+        if dataset is not None and dataset.startswith("sharegpt"):
+            cmd += ["--dataset-name", "sharegpt"]
+        else:
+            ratio = 1.0 if range_ratio is None else range_ratio
+            cmd += ["--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl),
+                    "--random-range-ratio", f"{ratio:g}"]  # fmt: skip
+        cmd += ["--num-prompts", str(prompts)]
+        if request_rate is not None and math.isfinite(request_rate):
+            cmd += ["--request-rate", f"{request_rate:g}"]
+        return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
 
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on MTP (the checkpoint's own layers, 3 steps) or DFlash drafting."""

@@ -8,6 +8,7 @@ DP ranks add GPUs. MoE layers are sharded over tp × dp (× pcp): by expert with
 from __future__ import annotations
 
 import json
+import math
 from itertools import product
 from typing import Any, ClassVar
 
@@ -255,11 +256,23 @@ class VLLM(FlagEngine):
     def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         return _hand_tried(model, cluster)
 
-    def benchmark_command(self, *, model_ref: str, isl: int, osl: int, concurrency: int, prompts: int) -> list[str]:
-        """vllm bench serve at fixed lengths (its random dataset's default range ratio is 0)."""
-        return ["vllm", "bench", "serve", "--model", model_ref, "--dataset-name", "random", "--random-input-len",
-                str(isl), "--random-output-len", str(osl), "--num-prompts", str(prompts), "--max-concurrency",
-                str(concurrency)]  # fmt: skip
+    def benchmark_command(
+        self, *, model_ref: str, isl: int, osl: int, concurrency: int | None, prompts: int, dataset: str | None = None,
+        request_rate: float | None = None, range_ratio: float | None = None,
+    ) -> list[str]:  # fmt: skip
+        """vllm bench serve: ShareGPT (it needs the file's path), or random lengths (its default range ratio 0 is
+        fixed); its default rate is inf and it has no cap unless given."""
+        cmd = ["vllm", "bench", "serve", "--model", model_ref]
+        if dataset is not None and dataset.startswith("sharegpt"):
+            cmd += ["--dataset-name", "sharegpt", "--dataset-path", "ShareGPT_V3_unfiltered_cleaned_split.json"]
+        else:
+            cmd += ["--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl)]
+            if range_ratio:
+                cmd += ["--random-range-ratio", f"{range_ratio:g}"]
+        cmd += ["--num-prompts", str(prompts)]
+        if request_rate is not None and math.isfinite(request_rate):
+            cmd += ["--request-rate", f"{request_rate:g}"]
+        return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
 
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on MTP drafting (3 tokens); {} for drafting the rules here do not cover (DFlash)."""
