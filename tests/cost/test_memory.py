@@ -255,3 +255,31 @@ def test_vllm_keeps_only_the_window_of_gpt_oss_sliding_layers():
 def test_every_token_is_kept_where_the_rule_does_not_apply(engine, flags, model):
     memory, _ = ledger(engine, flags, model=model, cluster="1xh100" if model == "gpt-oss-120b" else "8xh100")
     assert memory.kv_window_tokens is None and memory.request_tokens(411) == 411
+
+
+def test_vllm_sliding_window_start_up_check_and_its_suggested_length():
+    """At utilization 0.85 on one H100 the pool holds 38,144 tokens: too few for one 131,072-token request even
+    with the sliding layers' window, and the length it suggests is the longest whose need fits (its sliding
+    layers keep the window plus two chunks in flight: 1,033 blocks)."""
+    memory, _ = ledger("vllm", "--gpu-memory-utilization 0.85", model="gpt-oss-120b", cluster="1xh100")
+    assert memory.verdict == "no_kv_room" and "at most 59,760" in (memory.reason or "")
+    fits, _ = ledger("vllm", "--gpu-memory-utilization 0.85 --max-model-len 59760", model="gpt-oss-120b",
+                     cluster="1xh100")  # fmt: skip
+    longer, _ = ledger("vllm", "--gpu-memory-utilization 0.85 --max-model-len 59792", model="gpt-oss-120b",
+                       cluster="1xh100")  # fmt: skip
+    assert fits.verdict == "ok" and longer.verdict == "no_kv_room"
+
+
+def test_a_request_longer_than_the_pool_in_tokens_runs_when_its_window_fits():
+    """gpt-oss-120b on one H100 (pool 119,344 tokens): a request of 124,000 + 8 tokens holds about 62,000 of
+    them (half its bytes are in sliding layers that keep 144), so the simulation serves it."""
+    from shardwise.serve.simulate import simulate
+    from shardwise.serve.steps import StepTimes
+    from shardwise.spec.workload import Lengths, WorkloadSpec
+
+    memory, setup = ledger("vllm", "", model="gpt-oss-120b", cluster="1xh100")
+    assert memory.kv_tokens_per_rank < 124_008 and memory.request_tokens(124_008) < memory.kv_tokens_per_rank
+    steps = StepTimes(load_model("gpt-oss-120b"), setup.layout, load_cluster("1xh100"))
+    workload = WorkloadSpec(input=Lengths.fixed(124_000), output=Lengths.fixed(8), num_requests=1, concurrency=1)
+    result = simulate(steps, memory, workload)
+    assert result.requests == 1 and result.retractions == 0

@@ -134,3 +134,20 @@ def test_a_users_own_table_is_read_before_the_packages_and_says_so(tmp_path, mon
     finally:
         kernel_tables._rows.cache_clear()
         moe_curve.cache_clear()
+
+
+def test_a_user_file_that_is_no_table_is_one_clear_error(tmp_path, monkeypatch):
+    from shardwise.errors import DataError
+
+    folder = tmp_path / "rtx_pro_6000_server" / "moe" / "sglang" / "0.5.20"
+    folder.mkdir(parents=True)
+    (folder / "moe_perf.parquet").write_text("not parquet")
+    monkeypatch.setenv("SHARDWISE_KERNEL_TABLES", str(tmp_path))
+    kernel_tables._rows.cache_clear()
+    moe_curve.cache_clear()
+    try:
+        with pytest.raises(DataError, match="not a kernel table shardwise can read .* it needs the columns"):
+            moe_curve("rtx-pro-6000-server", "sglang", "0.5.23", KIMI_EP8)
+    finally:
+        kernel_tables._rows.cache_clear()
+        moe_curve.cache_clear()

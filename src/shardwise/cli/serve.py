@@ -204,6 +204,12 @@ def theorise(
     levels = int_list(concurrency or SCREEN_LEVELS, "--concurrency")
     workloads = []
     if lengths is not None or request_rate is not None or num_prompts is not None or range_ratio is not None:
+        lengths = lengths or workload  # a bundled set named either way is drawn from, request by request
+        if range_ratio is not None and len(engines) > 1:
+            raise SpecError(
+                "--range-ratio draws lengths differently in SGLang ([ratio × len, len]) and vLLM "
+                "(len × [1 − ratio, 1 + ratio]); give --framework sglang or --framework vllm with it"
+            )
         workloads, _, _, pairs = workloads_of(
             engines[0], concurrency=concurrency, request_rate=request_rate or (None if concurrency else "inf"),
             lengths=lengths, isl=isl, osl=osl, range_ratio=range_ratio, num_prompts=num_prompts or 1000,

@@ -282,9 +282,22 @@ def _window_kept(model: ModelSpec, layout: Layout, layers: range) -> tuple[int |
     return kept, full / (full + sliding)
 
 
-def _longest_request(model: ModelSpec, layout: Layout, full_share: float | None) -> tuple[int, float] | None:
+def _longest_fitting(longest: tuple[int, float, float, int, int], tokens: int) -> int:
+    """The longest max_model_len whose one request fits a pool of `tokens`: its need is
+    page × (share × ⌈L / page⌉ + (1 − share) × window blocks)."""
+    _, _, share, page, window_blocks = longest
+    if share >= 1.0:
+        return tokens
+    fixed = page * (1 - share) * window_blocks
+    return max(0, int((tokens - fixed) / share) // page * page)
+
+
+def _longest_request(
+    model: ModelSpec, layout: Layout, full_share: float | None
+) -> tuple[int, float, float, int, int] | None:
     """vLLM's start-up check that one request of max_model_len fits the pool (kv_cache_planning.py
-    max_memory_usage_bytes): the longest request, and the pool tokens it needs. With the hybrid manager a
+    max_memory_usage_bytes): (the longest request, the pool tokens it needs, the share of a token's bytes in
+    layers that keep every token, the page, the sliding layers' blocks). With the hybrid manager a
     sliding-window layer needs only the window plus the tokens in flight (SlidingWindowSpec
     .max_admission_blocks_per_request: min(window − 1 + in-flight, max_model_len) tokens, in whole blocks, plus
     one); in flight is one chunk per step the scheduler keeps going at once (two when it overlaps)."""
@@ -292,13 +305,14 @@ def _longest_request(model: ModelSpec, layout: Layout, full_share: float | None)
     longest = opts.max_model_len
     if not longest:
         return None
-    if full_share is None or not model.sliding_window:
-        return longest, float(longest)
     page = opts.page_size or 16
+    if full_share is None or not model.sliding_window:
+        return longest, float(longest), 1.0, page, 0
     in_flight = (2 if opts.overlap_schedule else 1) * (opts.chunked_prefill_tokens or 0)
     held = min(model.sliding_window - 1 + in_flight, longest)
     blocks_full, blocks_window = -(-longest // page), -(-held // page) + 1
-    return longest, page * (full_share * blocks_full + (1 - full_share) * blocks_window)
+    need = page * (full_share * blocks_full + (1 - full_share) * blocks_window)
+    return longest, need, full_share, page, blocks_window
 
 
 def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, rt: float, act: float,
@@ -338,7 +352,7 @@ def _per_gpu(
 
 def _verdict(
     layout: Layout, *, capacity: float, weights: float, rt: float, kv: float, tokens: int, cell: float,
-    longest: tuple[int, float] | None = None,
+    longest: tuple[int, float, float, int, int] | None = None,
 ) -> tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]:  # fmt: skip
     opts = layout.options
     if weights + rt > capacity:
@@ -375,8 +389,7 @@ def _verdict(
             "ValueError: No available memory for the cache blocks.",
         )
     if longest and opts.activations_in_budget and tokens < longest[1]:
-        length, need = longest
-        shorter = int(tokens * length / need)  # the need grows about in proportion past the window
+        length, need, shorter = longest[0], longest[1], _longest_fitting(longest, tokens)
         return (
             "no_kv_room",
             f"the KV pool holds {tokens:,} tokens, fewer than one request of max_model_len {length:,} needs "

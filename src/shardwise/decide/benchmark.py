@@ -53,8 +53,8 @@ def simulate_best(
     top: int = SIMULATED,
     progress: Callable[[int, int], None] | None = None,
 ) -> BenchmarkRanking:
-    """The `top` best setups of the screen (speculative ones aside: their acceptance is not known here),
-    simulated under every workload, ranked by their mean output tok/s over the workloads."""
+    """The `top` best setups of the screen (by its objective; speculative ones aside: their acceptance is not known
+    here), simulated under every workload, ranked by their mean output tok/s over the workloads."""
     scores = enumerate(ranking.scores, start=1)
     chosen = [(n, s.candidate) for n, s in scores if s.candidate.layout.options.spec is None][:top]
     ranked, dropped = [], []

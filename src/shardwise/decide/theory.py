@@ -92,7 +92,7 @@ def theorise(
     ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
     winners = winners_by_concurrency(result.candidates)
     benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None
-    if benchmark is not None and benchmark.best is not None:
+    if benchmark is not None and benchmark.best is not None and objective is Objective.MAX_THROUGHPUT:
         verify = _verify_benchmark(benchmark, model_ref, cluster, isl=isl, osl=osl, lengths=lengths,
                                    range_ratio=range_ratio)  # fmt: skip
     else:
@@ -132,8 +132,9 @@ def _verify(
 
 def _verify_benchmark(benchmark: BenchmarkRanking, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int,
                       lengths: str | None, range_ratio: float | None) -> tuple[tuple[str, ...], ...]:  # fmt: skip
-    """The benchmark's best setup launched on each node, the engine's benchmark tool sending its first workload, and
-    shardwise's simulation of the same."""
+    """The benchmark's best setup (by output tok/s: the max-throughput objective) launched on each node, the engine's
+    benchmark tool sending its first workload (ShareGPT, or random lengths at the means for another length set),
+    and shardwise's simulation of the same."""
     assert benchmark.best is not None
     best, w = benchmark.best.candidate, benchmark.workloads[0]
     rate = None if math.isinf(w.request_rate) else w.request_rate
@@ -146,8 +147,10 @@ def _verify_benchmark(benchmark: BenchmarkRanking, model_ref: str, cluster: Clus
     load += ["--request-rate", "inf" if rate is None else f"{rate:g}"] if not w.concurrency or rate else []
     shape = ["--lengths", lengths] if lengths else ["--isl", str(isl), "--osl", str(osl)]
     shape += ["--range-ratio", f"{range_ratio:g}"] if range_ratio is not None and not lengths else []
-    simulate = ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, *load, "--num-prompts",
-                str(w.num_requests), *shape, "--", *launch)  # fmt: skip
+    arrivals = ["--burstiness", f"{w.burstiness:g}"] if rate is not None and w.burstiness != 1.0 else []
+    arrivals += ["--seed", str(w.seed)] if w.seed else []
+    simulate = ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, *load, *arrivals,
+                "--num-prompts", str(w.num_requests), *shape, "--", *launch)  # fmt: skip
     return (*best.launches, tuple(bench), simulate)
 
 

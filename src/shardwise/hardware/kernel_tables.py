@@ -24,6 +24,7 @@ import numpy as np
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel
 
+from shardwise.errors import DataError
 from shardwise.hardware.load import data_dir, read_yaml, validate
 
 
@@ -285,7 +286,13 @@ def _rows(path: Path, key: str | None, columns: tuple[str, ...],
         return None
     import pyarrow.parquet as pq  # imported here: only a run that reads a table afresh pays for it
 
-    table = pq.read_table(path, columns=list(columns), filters=list(filters))
+    try:
+        table = pq.read_table(path, columns=list(columns), filters=list(filters))
+    except Exception as exc:  # pyarrow's errors for a file that is not such a table: one line, with the fix
+        raise DataError(
+            f"{path}: not a kernel table shardwise can read ({str(exc).splitlines()[0]}); it needs the columns "
+            f"{', '.join(columns)} and {', '.join(name for name, _, _ in filters)}, as the package's tables have"
+        ) from None
     rows = {name: np.asarray(table.column(name).to_pylist()) for name in columns} if table.num_rows else {}
     if kept is not None:
         _keep(kept, rows)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardwise.engines.check import check_command
 from shardwise.hardware.calibration import Calibration
 from shardwise.hardware.kernel_tables import spec
 from shardwise.measure.accuracy import beyond_stated, older_than_modelled
@@ -53,7 +52,7 @@ def explain(c: Checked, others: list[Checked]) -> list[Mechanism]:
     found = [
         _release(c),
         _p2p(c, metrics, siblings),
-        _graphs_off(c, siblings),
+        _graphs_off(c, metrics, siblings),
         _attention_dp(c, metrics),
         _tables(c, metrics),
         _roofline_only(c, metrics),
@@ -100,7 +99,7 @@ def _release(c: Checked) -> Mechanism | None:
 
 def _p2p(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism | None:
     """PCIe boxes: collectives with peer-to-peer transfers off go through host memory (NCCL's SHM/NET paths),
-    at far higher latency; priced with the link's P2P-off figures."""
+    at far higher latency; priced with the link's P2P-off figures (the box otherwise as described)."""
     cluster = c.cluster
     if cluster is None or cluster.intra.link.kind != "pcie" or not cluster.intra.p2p:
         return None
@@ -111,7 +110,7 @@ def _p2p(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism |
         gpus_per_node=cluster.gpus_per_node,
         intra_node={"link": cluster.intra.link.name, "p2p": False, "numa_nodes": cluster.intra.numa_nodes,
                     "pcie_switches": cluster.intra.pcie_switches},
-    )  # fmt: skip
+    ).model_copy(update={"inter": cluster.inter, "calibration": cluster.calibration})  # fmt: skip
     variant = check_row(c.row, cluster=off)
     if variant.simulated is None or not _toward(c, variant, metrics):
         return None
@@ -124,29 +123,29 @@ def _p2p(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism |
     )
 
 
-def _graphs_off(c: Checked, siblings: list[Checked]) -> Mechanism | None:
-    """Eager launches: the launch cost per kernel that would give the measured speed, at one request (where a
-    step is one token of one request)."""
-    step, cluster = c.step, c.cluster
-    if step is None or cluster is None or c.row.concurrency != 1 or c.row.output_tok_s is None:
+def _graphs_off(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism | None:
+    """Eager launches: at one request a host-bound step lasts as long as its launches, so the launch cost per
+    kernel that gives the measured speed is about today's times the measured slowdown; priced at that cost."""
+    step, cluster, layout = c.step, c.cluster, c.layout_spec
+    if step is None or cluster is None or layout is None or layout.options.cuda_graph:
         return None
-    checked = check_command(c.row.command, cluster=cluster, model=c.row.model)
-    layout = checked.setup.layout
-    if layout is None or layout.options.cuda_graph or not _slower(c, "output_tok_s"):
+    if c.row.concurrency != 1 or c.row.output_tok_s is None or not _slower(c, "output_tok_s"):
         return None
     kernels = sum(op.kernels for op in step.ops)
     host = sum(s.host_s for s in step.stages)
-    if not kernels:
+    if not kernels or host < sum(s.gpu_s for s in step.stages):  # GPU-bound: launches do not set its pace
         return None
     per_launch_now = host / kernels
     needed = per_launch_now * (c.value("output_tok_s") or 0) / c.row.output_tok_s
-    fitted = cluster.calibrated(Calibration(gpu=cluster.gpu.name, constants={"eager_kernel_cpu_s": needed},
-                                            fitted_on=(c.row.id,)))  # fmt: skip
+    constants = {**(cluster.calibration.constants if cluster.calibration else {}), "eager_kernel_cpu_s": needed}
+    fitted = cluster.calibrated(Calibration(gpu=cluster.gpu.name, constants=constants, fitted_on=(c.row.id,)))
     variant = check_row(c.row, cluster=fitted)
+    if variant.simulated is None or not _toward(c, variant, metrics):
+        return None
     return Mechanism(
         name="CUDA graphs off",
         why=f"every kernel is launched from Python: {kernels:,} launches per step at {per_launch_now * 1e6:.1f} µs "
-        f"each cost {host * 1e3:.1f} ms of the {step.time_s * 1e3:.1f} ms step; the measured speed needs "
+        f"each cost {host * 1e3:.1f} ms of the {step.time_s * 1e3:.1f} ms step; the measured speed needs about "
         f"{needed * 1e6:.1f} µs per launch",
         predicted=_metrics(variant),
         siblings=_sibling_errors(siblings, fitted),
@@ -172,7 +171,7 @@ def _tables(c: Checked, metrics: list[str]) -> Mechanism | None:
     coverage = c.coverage or {}
     if not coverage.get("tables"):
         return None
-    variant = check_row(c.row, tables=False)
+    variant = check_row(c.row, cluster=c.cluster, tables=False)
     if variant.simulated is None or not _toward(c, variant, metrics):
         return None
     measured_on = (

@@ -85,7 +85,7 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
         )  # fmt: skip
     table.caption = (
         "tables = share of a decode step at the run's mean batch priced from measured kernel tables; "
-        "! = beyond the stated accuracy (the median error below)"
+        "! = beyond the stated accuracy (the plain or speculative median below)"
     )
     lines = [
         Text(

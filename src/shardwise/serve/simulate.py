@@ -118,7 +118,7 @@ class Simulation:
     def _check_fits(self, requests: Requests) -> None:
         """Every request must fit one rank's pool on its own, or it could never finish."""
         worst = int((requests.input_tokens + requests.output_tokens).max())
-        if worst > self.pool:
+        if self.memory.request_tokens(worst) > self.pool:
             raise SpecError(
                 f"a request of {worst:,} tokens (prompt + output) does not fit one rank's KV pool of "
                 f"{self.pool:,} tokens: shorten the requests or give the KV cache more memory"
