@@ -134,10 +134,14 @@ class StepCostModel:
         self.rates = rates(self.cluster)
         oh, cal = overheads(), self.cluster.calibration
         eager, scheduler = oh.eager_kernel_cpu.si("s"), oh.scheduler_step_cpu.si("s")
+        request = 0.0  # host time per running request per step: no measured default, a calibration may set it
         if cal is not None:
             eager = cal.value("eager_kernel_cpu_s", eager)
             scheduler = cal.value("scheduler_step_cpu_s", scheduler)
+            request = cal.value("request_cpu_s", 0.0)
         self._eager_s = eager
+        self._request_s = request
+        self._overlap = layout.options.overlap_schedule
         self._graph_s = oh.graph_launch_cpu.si("s")
         self._scheduler_s = 0.0 if layout.options.overlap_schedule else scheduler
         self._graphs = layout.options.cuda_graph
@@ -161,17 +165,21 @@ class StepCostModel:
         layout = self.step_model.layout
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
-        whole = (key, graphed, self._eager_s, self._graph_s, self._scheduler_s)  # the host side decides the rest
+        per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
+        whole = (key, graphed, self._eager_s, self._graph_s, self._scheduler_s, per_request)  # the host side
         step = self._costs.get(whole)
         if step is None:
-            stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed) for s in range(layout.pp))
+            stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed, per_request if s == 0 else 0.0)
+                           for s in range(layout.pp))  # fmt: skip
             step = self._costs[whole] = StepCost(
                 phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens, ops=costs,
                 stages=stages, release=layout.version,
             )  # fmt: skip
         return step
 
-    def _stage(self, stage: int, costs: list[OpCost], graphed: bool) -> StageCost:
+    def _stage(self, stage: int, costs: list[OpCost], graphed: bool, per_request: float = 0.0) -> StageCost:
+        """One stage's time: its GPU work, and the host's where it is longer. `per_request` is the scheduler's work
+        for the running requests: beside the launches when the scheduler overlaps the GPU, after them otherwise."""
         parts = dict.fromkeys(PARTS, 0.0)
         hidden_comm = sum(c.comm_s for c in costs if c.hidden)
         for c in costs:
@@ -187,5 +195,9 @@ class StepCostModel:
         gpu = sum(parts.values())
         kernels = sum(c.kernels for c in costs)
         host = self._graph_s if graphed else kernels * self._eager_s
-        parts["host"] = max(0.0, host - gpu) + self._scheduler_s  # a scheduler that does not overlap, every stage
+        if self._overlap:
+            host += per_request
+            parts["host"] = max(0.0, host - gpu)
+        else:  # a scheduler that does not overlap adds its time to every stage
+            parts["host"] = max(0.0, host - gpu) + self._scheduler_s + per_request
         return StageCost(stage=stage, gpu_s=gpu, host_s=host, time_s=gpu + parts["host"], parts_s=parts)

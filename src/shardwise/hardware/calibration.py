@@ -7,6 +7,9 @@ The constants a profile may set, each a quantity the cost model already uses:
 - eager_kernel_cpu_s: host time to launch one kernel without CUDA graphs (overheads.yaml);
 - kernel_gpu_s: the least GPU time of one kernel (overheads.yaml);
 - scheduler_step_cpu_s: scheduler host time per step when it does not overlap the GPU (overheads.yaml);
+- request_cpu_s: host time per running request per step (scheduling, sampling, output processing, streaming
+  each token); no measured default (0): beside the kernel launches when the scheduler overlaps the GPU, after
+  them when it does not;
 - collective_call_s: time one collective call costs beyond its measured nccl-tests time (default 0 s: the
   tables already hold what nccl-tests sees; engines call collectives from Python, eagerly, each step);
 - non_torch_bytes: GPU memory a server holds besides weights, KV cache, activations and CUDA graphs (the CUDA
@@ -61,6 +64,13 @@ CONSTANTS = {
             "a pipeline-parallel run or one with --disable-overlap-schedule",
             1e-5,
             1e-2,
+        ),
+        Constant(
+            "request_cpu_s",
+            "host time per running request per step (scheduling, sampling, output processing, streaming)",
+            "a served run at hundreds of requests",
+            0.0,
+            1e-3,
         ),
         Constant(
             "non_torch_bytes",
