@@ -16,6 +16,7 @@ from shardwise.decide.rank import Objective
 from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
+from shardwise.measure.accuracy import stated_median
 from shardwise.report.predictions import PART_LABELS, prediction_payload
 from shardwise.report.simulation import short_load
 
@@ -84,7 +85,19 @@ def narrative(t: Theory) -> list[str]:
     if t.crossovers:
         lines.append("The best setup changes with load: " + "; ".join(
             f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers) + ".")  # fmt: skip
+    lines.append(_trust_line())
     return lines
+
+
+def _trust_line() -> str:
+    """How far the predictions agree with published measurements (the figures validate states)."""
+    tok, tpot = stated_median("plain", "output_tok_s"), stated_median("plain", "tpot_ms")
+    return (
+        f"How far to trust the numbers: on published runs of SGLang and vLLM the predictions err by a median of "
+        f"{tok:.0%} in output tok/s and {tpot:.0%} in TPOT (`shardwise validate`, which also says what could explain "
+        "each run far from its prediction); under bursts of hundreds of requests TPOT comes out low, as the host's "
+        "work per request is not priced unless a calibration sets it."
+    )
 
 
 def _memory_line(c: Candidate) -> str:
