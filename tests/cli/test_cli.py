@@ -461,12 +461,13 @@ def test_check_decode_only_prices_no_prefill():
 
 def test_check_simulates_a_benchmark_run_as_validate_does():
     """One workload spec: check with GT32's benchmark options (vllm bench serve, ShareGPT, 1000 prompts at
-    rate inf) predicts what validate predicts for that bundled row."""
+    rate inf) and its release predicts what validate predicts for that bundled row."""
     from shardwise.measure.reference import check_row, load_rows
 
     (row,) = [r for r in load_rows() if r.id == "GT32"]
     args = ["check", "--json", "--request-rate", "inf", "--lengths", "sharegpt", "--num-prompts", "1000",
-            "--model", row.model, "--gpus", row.gpus, "--", *row.command.split()]  # fmt: skip
+            "--model", row.model, "--gpus", row.gpus, "--engine-version", str(row.engine_version), "--",
+            *row.command.split()]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

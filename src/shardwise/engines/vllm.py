@@ -22,6 +22,7 @@ from shardwise.engines.vllm_rules import RULES, gpus_used
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
+V014 = Version("0.14.0")  # async scheduling on by default from here
 A2A_DISPATCH = ("deepep", "mori", "moonep", "nixl", "flashinfer")  # backends that send tokens to their experts
 REMOVED_A2A = {"pplx", "naive"}
 
@@ -137,6 +138,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         max_model_len=None if f.get("max_model_len") == -1 else f.get("max_model_len") or model.max_position_embeddings,
         page_size=f.get("block_size"),
         window_kv=not f.get("disable_hybrid_kv_cache_manager"),
+        overlap_schedule=f["async_scheduling"] if f.get("async_scheduling") is not None else version >= V014,
         spec=spec,
         scheduler=SchedulerPolicy(**flag_table("vllm").scheduler),
     )
