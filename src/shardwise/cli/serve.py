@@ -132,12 +132,10 @@ def simulate(
         }  # fmt: skip
         typer.echo(report_json.dumps(payload))
     else:
+        mean_in, mean_out = workloads[0].mean_lengths
+        shape = f"{mean_in:,.0f} in / {mean_out:,.0f} out"
         if pairs:
-            mean_in = sum(i for i, _ in pairs) / len(pairs)
-            mean_out = sum(o for _, o in pairs) / len(pairs)
-            shape = f"{lengths} lengths (mean {mean_in:,.0f} in / {mean_out:,.0f} out)"
-        else:
-            shape = f"{input_lengths.mean:,.0f} in / {output_lengths.mean:,.0f} out"
+            shape = f"{lengths} lengths (mean {shape})"
         title = f"simulated {setup.layout.describe()} on {cluster_spec.name}, {num_prompts} requests of {shape}"
         if acceptance:
             title += f", {acceptance:.2f} tokens kept per speculative step"
@@ -216,8 +214,7 @@ def theorise(
             burstiness=burstiness, seed=seed, decode_only=False,
         )  # fmt: skip
         if pairs:  # the screen prices the dataset's mean lengths
-            isl = round(sum(i for i, _ in pairs) / len(pairs))
-            osl = round(sum(o for _, o in pairs) / len(pairs))
+            isl, osl = (round(mean) for mean in workloads[0].mean_lengths)
     cluster_spec = with_profile(load_cluster(gpus), profile)
     spec = load_model(model)
     with report_simulation.progress_bar(1, label="predicting setups") as update:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
 from shardwise.engines.layout import EngineOptions, Layout, groups, stage_layers, weight_ways, with_kv_dtype
@@ -77,13 +78,13 @@ class MemoryLedger(Frozen):
     )
     warnings: tuple[str, ...] = ()
 
-    def request_tokens(self, context_tokens: int) -> float:
+    def request_tokens(self, context_tokens: float | np.ndarray) -> float | np.ndarray:
         """Pool tokens one request of `context_tokens` holds (fewer than its tokens where sliding-window layers
-        keep only their window)."""
+        keep only their window); element-wise for an array of requests."""
         if self.kv_window_tokens is None:
             return context_tokens
         a = self.kv_full_share
-        return a * context_tokens + (1 - a) * min(context_tokens, self.kv_window_tokens)
+        return a * context_tokens + (1 - a) * np.minimum(context_tokens, self.kv_window_tokens)
 
     def max_concurrency(self, *, isl: int, osl: int) -> int:
         """Requests of isl + osl tokens the pools hold at once (the KV bound, capped by running slots)."""

@@ -26,38 +26,36 @@ PARTS = ("compute", "memory", "comm", "launch", "host")
 COST_OPTIONS = ("two_batch_overlap", "eplb", "kv_cache_dtype")
 SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
 
-_SHARED: OrderedDict[tuple, tuple[ModelSpec, ClusterSpec, dict[tuple, tuple[OpCost, ...]]]] = OrderedDict()
+# id(model), id(cluster), … → (the objects the ids name, held so the ids cannot be reused, the remembered table)
+_HELD: OrderedDict[tuple, tuple[tuple[object, ...], dict]] = OrderedDict()
 
 
-_COMM: OrderedDict[int, tuple[ClusterSpec, dict[tuple, float]]] = OrderedDict()
+def _remembered(key: tuple, *objects: object) -> dict:
+    """A table remembered across cost models under `key`, whose ids name `objects` (least recently used first
+    out, SHARED_LAYOUTS at most)."""
+    entry = _HELD.get(key)
+    if entry is None or any(a is not b for a, b in zip(entry[0], objects, strict=True)):
+        if len(_HELD) >= SHARED_LAYOUTS:
+            _HELD.popitem(last=False)
+        entry = _HELD[key] = (objects, {})
+    else:
+        _HELD.move_to_end(key)
+    return entry[1]
 
 
 def _shared_comm(cluster: ClusterSpec) -> dict[tuple, float]:
     """Collective times on one cluster, by (collective, size, group, implementation): every layout of a search
-    asks for the same few; the cluster is held with its entry, so its id cannot be reused while it lives."""
-    entry = _COMM.get(id(cluster))
-    if entry is None or entry[0] is not cluster:
-        if len(_COMM) >= SHARED_LAYOUTS:
-            _COMM.popitem(last=False)
-        entry = _COMM[id(cluster)] = (cluster, {})
-    return entry[1]
+    asks for the same few."""
+    return _remembered(("comm", id(cluster)), cluster)
 
 
 def _shared_costs(model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables: bool) -> dict:
     """The op costs of one layout's steps, by step: shared by every layout with the same ops (a search prices the
-    same structure with the memory fraction raised, CUDA graphs off, other slot counts: the ops cost the same).
-    The model and cluster are held with the entry, so their ids cannot be reused while it lives."""
+    same structure with the memory fraction raised, CUDA graphs off, other slot counts: the ops cost the same)."""
     cost_options = layout.options.model_dump(include=set(COST_OPTIONS))
     shape = layout.model_dump_json(exclude={"options"})
-    key = (id(model), id(cluster), tables, shape, tuple(sorted(cost_options.items())))
-    entry = _SHARED.get(key)
-    if entry is None or entry[0] is not model or entry[1] is not cluster:
-        if len(_SHARED) >= SHARED_LAYOUTS:
-            _SHARED.popitem(last=False)
-        entry = _SHARED[key] = (model, cluster, {})
-    else:
-        _SHARED.move_to_end(key)
-    return entry[2]
+    return _remembered(("ops", id(model), id(cluster), tables, shape, tuple(sorted(cost_options.items()))),
+                       model, cluster)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +141,7 @@ class StepCostModel:
         self._request_s = request
         self._overlap = layout.options.overlap_schedule
         self._graph_s = oh.graph_launch_cpu.si("s")
-        self._scheduler_s = 0.0 if layout.options.overlap_schedule else scheduler
+        self._scheduler_s = scheduler
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         self._comm_times = _shared_comm(self.cluster)
@@ -166,7 +164,7 @@ class StepCostModel:
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
         per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
-        whole = (key, graphed, self._eager_s, self._graph_s, self._scheduler_s, per_request)  # the host side
+        whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
         step = self._costs.get(whole)
         if step is None:
             stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed, per_request if s == 0 else 0.0)

@@ -9,7 +9,7 @@ benchmark would report.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardwise.decide.rank import Ranking
@@ -51,22 +51,16 @@ def simulate_best(
     workloads: Sequence[WorkloadSpec],
     *,
     top: int = SIMULATED,
-    progress: Callable[[int, int], None] | None = None,
 ) -> BenchmarkRanking:
     """The `top` best setups of the screen (by its objective; speculative ones aside: their acceptance is not known
     here), simulated under every workload, ranked by their mean output tok/s over the workloads."""
     scores = enumerate(ranking.scores, start=1)
     chosen = [(n, s.candidate) for n, s in scores if s.candidate.layout.options.spec is None][:top]
     ranked, dropped = [], []
-    total = len(chosen) * len(workloads)
-    for k, (place, candidate) in enumerate(chosen):
+    for place, candidate in chosen:
         steps = StepTimes(result.model, candidate.layout, result.cluster)
         try:
-            runs = []
-            for j, workload in enumerate(workloads):
-                runs.append(simulate(steps, candidate.memory, workload))
-                if progress:
-                    progress(k * len(workloads) + j + 1, total)
+            runs = [simulate(steps, candidate.memory, workload) for workload in workloads]
         except SpecError as exc:  # a request longer than the setup's KV pool
             dropped.append((candidate.name, str(exc)))
             continue

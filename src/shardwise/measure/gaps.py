@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from shardwise.hardware.calibration import Calibration
 from shardwise.hardware.kernel_tables import spec
 from shardwise.measure.accuracy import beyond_stated, older_than_modelled
-from shardwise.measure.reference import Checked, check_row
+from shardwise.measure.reference import METRICS, Checked, check_row
 from shardwise.spec.cluster import ClusterSpec, build_cluster
 
 LARGE_BATCH = 256  # running requests per rank from which per-request host work is a step's visible share
 REQUEST_HOST_S = (50e-6, 100e-6, 200e-6, 400e-6)  # per-request host times tried, doubling
-METRICS = ("output_tok_s", "tpot_ms")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +87,7 @@ def _sibling_errors(siblings: list[Checked], cluster: ClusterSpec) -> dict[str, 
 
 
 def _release(c: Checked) -> Mechanism | None:
-    modelled = older_than_modelled(c.engine or "", c.row.engine_version)
+    modelled = older_than_modelled(c.engine, c.row.engine_version)
     if modelled is None:
         return None
     return Mechanism(

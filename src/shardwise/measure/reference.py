@@ -101,16 +101,23 @@ class ReferenceFile(Frozen):
 @dataclass(frozen=True, kw_only=True)
 class Checked:
     row: ReferenceRow
-    layout: str | None
+    engine: str
     problem: str | None  # why there is no prediction (the setup would not start, as the model sees it)
+    layout_spec: Layout | None = None  # the layout as the engine runs it
     simulated: ServeResult | None = None  # the run as the benchmark sent it
     workload: WorkloadSpec | None = None  # what was simulated
-    coverage: dict | None = None  # the decode step at the run's mean batch: share priced from kernel tables
-    engine: str | None = None
-    layout_spec: Layout | None = None  # the layout as the engine runs it
     cluster: ClusterSpec | None = None  # the GPUs as predicted
     step: StepCost | None = None  # the decode step at the run's mean batch
     kv_tokens: int | None = None  # KV pool per rank, in tokens
+
+    @property
+    def layout(self) -> str | None:
+        return self.layout_spec.describe() if self.layout_spec else None
+
+    @property
+    def coverage(self) -> dict | None:
+        """The decode step at the run's mean batch: the share priced from measured kernel tables."""
+        return self.step.coverage if self.step else None
 
     def value(self, metric: str) -> float | None:
         if self.simulated is None:
@@ -142,24 +149,24 @@ def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: 
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"
-        return Checked(row=row, layout=None, problem=reason, engine=checked.setup.engine)
+        return Checked(row=row, engine=checked.setup.engine, problem=reason)
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
-        return Checked(row=row, layout=layout.describe(), problem=memory.reason, engine=layout.engine)
+        return Checked(row=row, engine=layout.engine, problem=memory.reason, layout_spec=layout)
     steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length, tables=tables)
     workload = row.workload_spec()
     try:
         result = simulate(steps, memory, workload)
     except SpecError as exc:  # a request the pool cannot hold
-        return Checked(row=row, layout=layout.describe(), problem=str(exc), engine=layout.engine)
+        return Checked(row=row, engine=layout.engine, problem=str(exc), layout_spec=layout)
     ranks = max(1, memory.ranks)
     running = max(1, round(result.mean_running * ranks))  # the whole layout's batch at the run's mean
-    pairs = workload.pairs
-    context = sum(i + o / 2 for i, o in pairs) / len(pairs) if pairs else row.isl + row.osl / 2
+    mean_in, mean_out = workload.mean_lengths
+    context = mean_in + mean_out / 2
     decode = steps.decode(running, int(context))
-    return Checked(row=row, layout=layout.describe(), problem=None, simulated=result, workload=workload,
-                   coverage=decode.step.coverage, engine=layout.engine, layout_spec=layout, cluster=cluster,
-                   step=decode.step, kv_tokens=memory.kv_tokens_per_rank)  # fmt: skip
+    return Checked(row=row, engine=layout.engine, problem=None, layout_spec=layout, simulated=result,
+                   workload=workload, cluster=cluster, step=decode.step,
+                   kv_tokens=memory.kv_tokens_per_rank)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +213,7 @@ class ErrorSummary:
 
 def group_of_row(c: Checked) -> str:
     """plain, speculative, or older release (measured on a release before the modelled range)."""
-    return group_of(c.engine or "", c.row.engine_version, speculative=c.row.accept_length is not None)
+    return group_of(c.engine, c.row.engine_version, speculative=c.row.accept_length is not None)
 
 
 def summarise(checked: list[Checked]) -> list[ErrorSummary]:

@@ -206,12 +206,13 @@ def _winners_table(t: Theory) -> Table:
 def _workload_text(t: Theory) -> str:
     assert t.benchmark is not None
     w = t.benchmark.workloads[0]
-    lengths = "dataset lengths" if w.pairs else f"{w.input.mean:,.0f} in / {w.output.mean:,.0f} out"
-    if w.pairs:
-        mean_in = sum(i for i, _ in w.pairs) / len(w.pairs)
-        mean_out = sum(o for _, o in w.pairs) / len(w.pairs)
-        lengths = f"sampled lengths, mean {mean_in:,.0f} in / {mean_out:,.0f} out"
-    return f"{w.num_requests:,} prompts of {lengths}"
+    mean_in, mean_out = w.mean_lengths
+    shape = (
+        f"sampled lengths, mean {mean_in:,.0f} in / {mean_out:,.0f} out"
+        if w.pairs
+        else f"{mean_in:,.0f} in / {mean_out:,.0f} out"
+    )
+    return f"{w.num_requests:,} prompts of {shape}"
 
 
 def _benchmark_rows(t: Theory) -> list[list[str]]:

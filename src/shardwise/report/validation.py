@@ -103,15 +103,15 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
 def _workload_payload(c: Checked) -> dict[str, Any]:
     """The workload a row was simulated with, as its benchmark ran it."""
     row, spec = c.row, c.workload or c.row.workload_spec()
-    pairs = spec.pairs
+    mean_in, mean_out = spec.mean_lengths
     return {
         "benchmark": row.benchmark,
         "dataset": row.dataset or "fixed",
         "num_prompts": spec.num_requests,
         "max_concurrency": spec.concurrency,
         "request_rate": None if math.isinf(spec.request_rate) else spec.request_rate,
-        "mean_input_tokens": sum(i for i, _ in pairs) / len(pairs) if pairs else row.isl,
-        "mean_output_tokens": sum(o for _, o in pairs) / len(pairs) if pairs else row.osl,
+        "mean_input_tokens": mean_in,
+        "mean_output_tokens": mean_out,
         "engine_version": row.engine_version,
     }
 

@@ -98,7 +98,6 @@ class Simulation:
         self.replicas = layout.replicas
         self.scale = self.ranks_per_instance * layout.replicas  # requests per rank → StepTimes' whole-layout view
         self.pool = memory.kv_tokens_per_rank
-        self.full_share, self.window = memory.kv_full_share, memory.kv_window_tokens
         self.slots = memory.max_running_requests_per_rank or 1 << 30
         self.chunk = layout.options.chunked_prefill_tokens or 8192
         self.tau = steps.tokens
@@ -197,16 +196,13 @@ class _Run:
         return self.done_prefill[ids] + self.gen[ids] - (self.need[ids] - self.isl[ids])
 
     def _charge(self, tokens: np.ndarray | float) -> np.ndarray | float:
-        """Pool tokens a request of `tokens` holds: all of them, or, where the engine keeps only the window of
-        sliding-window layers (vLLM's hybrid KV manager), the full layers' share of them plus the window."""
-        if self.sim.window is None:
-            return tokens
-        a = self.sim.full_share
-        return a * tokens + (1 - a) * np.minimum(tokens, self.sim.window)
+        """Pool tokens requests of `tokens` hold (the ledger's rule: fewer where sliding-window layers keep only
+        their window, as vLLM's hybrid KV manager does)."""
+        return self.sim.memory.request_tokens(tokens)
 
     def _growth(self, ids: list[int] | int, tokens: float) -> float:
         """Pool tokens these requests take on when each gains `tokens`."""
-        if self.sim.window is None:
+        if self.sim.memory.kv_window_tokens is None:
             return tokens * (len(ids) if isinstance(ids, list) else 1)
         kv = self._kv(ids)
         return float(np.sum(self._charge(kv + tokens) - self._charge(kv)))

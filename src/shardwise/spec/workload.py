@@ -76,6 +76,13 @@ class WorkloadSpec(Frozen):
         False, description="every prompt is already in the KV cache (a decode benchmark): no prefill is run or timed"
     )
 
+    @property
+    def mean_lengths(self) -> tuple[float, float]:
+        """Mean (input, output) tokens per request: of the pairs where given, else of the ranges."""
+        if self.pairs:
+            return (sum(i for i, _ in self.pairs) / len(self.pairs), sum(o for _, o in self.pairs) / len(self.pairs))
+        return self.input.mean, self.output.mean
+
 
 def read_pairs(path: Path) -> tuple[tuple[int, int], ...]:
     """(input, output) token counts from a JSONL file, one object per line with `input_tokens` and
