@@ -71,7 +71,7 @@ def narrative(t: Theory) -> list[str]:
     lines.append(_memory_line(c))
     ties = t.ranking.ties()
     if ties:
-        lines.append("Within 2 % (a tie at the model's accuracy): " + "; ".join(
+        lines.append("Within 2 % (a tie: far closer than the model's accuracy tells apart): " + "; ".join(
             f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + ".")  # fmt: skip
     if t.ceiling:
         ce = t.ceiling
