@@ -6,7 +6,15 @@ import pytest
 
 from shardwise.engines.check import check_command
 from shardwise.hardware import kernel_tables
-from shardwise.hardware.kernel_tables import MLADecodeShape, MoEShape, mla_decode_grid, moe_curve
+from shardwise.hardware.kernel_tables import (
+    GQADecodeShape,
+    MLADecodeShape,
+    MoEShape,
+    gemm_grid,
+    gqa_decode_grid,
+    mla_decode_grid,
+    moe_curve,
+)
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
 
@@ -72,9 +80,15 @@ def test_the_users_ep8_decode_step_prices_its_experts_from_the_table():
     assert all(op.measured and "generation_mla_perf" in op.measured for op in attention)  # bf16 KV: in the table
     coverage = step.coverage
     total = sum(op.time_s for op in step.ops if not op.hidden)
+    # the bf16 projections run as measured GEMMs (q_a and kv_a as one), except kv_b: absorbed into batched GEMMs
+    gemms = {op.name: op for op in step.ops if op.op_class.value == "gemm"}
+    for name in ("attn.q_a", "attn.kv_a", "attn.q_b", "attn.o"):
+        assert gemms[name].measured and "gemm_perf" in gemms[name].measured
+    assert gemms["attn.kv_b"].measured is None
     measured = experts.time_s + sum(op.time_s for op in attention)
+    measured += sum(op.time_s for op in step.ops if op.op_class.value == "gemm" and op.measured)
     assert coverage["measured_share"] == pytest.approx(measured / total)
-    assert coverage["tables"] == sorted({experts.measured, attention[0].measured})
+    assert coverage["tables"] == sorted({experts.measured, attention[0].measured, gemms["attn.o"].measured})
     assert coverage["extrapolated_share"] == 0.0
     # SGLang 0.5.23 is modelled; the tables were measured on 0.5.14: all the measured share is another release's
     assert step.release == "0.5.23" and experts.measured_release == "0.5.14"
@@ -93,8 +107,8 @@ def test_the_mla_decode_grid_is_the_packages_rows_and_fp8_kv_has_none_on_this_gp
         found = grid.time_s(batch, 4096)
         assert found is not None and found[0] == pytest.approx(ms / 1e3, rel=1e-4) and not found[1]
     # halfway between two measured batches in log batch (8 and 16), at a measured length: the geometric mean
-    (i,) = [k for k, b in enumerate(grid.batch) if b == 8]
-    (j,) = [k for k, n in enumerate(grid.kv_len) if n == 4096]
+    (i,) = [k for k, b in enumerate(grid.axes[0]) if b == 8]
+    (j,) = [k for k, n in enumerate(grid.axes[1]) if n == 4096]
     expected = math.sqrt(grid.seconds[i, j] * grid.seconds[i + 1, j])
     assert grid.time_s(math.sqrt(8 * 16), 4096) == (pytest.approx(expected, rel=1e-9), False)
     assert grid.time_s(512, 4096) == (pytest.approx(2 * MLA_ROWS_MS[256] / 1e3, rel=1e-4), True)
@@ -151,3 +165,68 @@ def test_a_user_file_that_is_no_table_is_one_clear_error(tmp_path, monkeypatch):
     finally:
         kernel_tables._rows.cache_clear()
         moe_curve.cache_clear()
+
+
+# h100_sxm/gemm/sglang/0.5.14/gemm_perf.parquet, bfloat16 (sglang_torch_linear): latency in ms
+GEMM_ROWS_MS = {(64, 1024, 4096): 0.00933067, (128, 1024, 4096): 0.00893867, (64, 1536, 4096): 0.00965244,
+                (128, 1536, 4096): 0.00960711, (32768, 65536, 51200): 318.53363037}  # fmt: skip
+
+
+def test_the_gemm_grid_is_the_packages_rows_between_them_log_linear_beyond_them_in_proportion():
+    grid = gemm_grid("h100-sxm", "sglang", "0.5.23", "bf16")
+    assert grid is not None and grid.release == "0.5.14" and "gemm_perf (sglang_torch_linear)" in grid.source
+    for (m, n, k), ms in GEMM_ROWS_MS.items():
+        assert grid.time_s(m, n, k) == (pytest.approx(ms / 1e3, rel=1e-6), False)
+    # halfway in log n between two rows at m 64, k 4096: their geometric mean
+    expected = math.sqrt(GEMM_ROWS_MS[(64, 1024, 4096)] * GEMM_ROWS_MS[(64, 1536, 4096)]) / 1e3
+    assert grid.time_s(64, math.sqrt(1024 * 1536), 4096) == (pytest.approx(expected, rel=1e-9), False)
+    # a vocabulary wider than the widest measured n: in proportion to it, flagged
+    seconds, beyond = grid.time_s(32768, 131072, 51200)
+    assert beyond and seconds == pytest.approx(2 * GEMM_ROWS_MS[(32768, 65536, 51200)] / 1e3, rel=1e-6)
+
+
+def test_vllms_block_fp8_gemm_rows_are_not_kernel_times_and_price_nothing():
+    """Its rows take 55 µs and more at every small shape, where SGLang's time the same GEMMs at a few µs."""
+    assert gemm_grid("h100-sxm", "vllm", "0.11.0", "fp8-block") is None
+    assert gemm_grid("h100-sxm", "sglang", "0.5.23", "fp8-block") is not None
+    assert gemm_grid("h100-sxm", "vllm", "0.11.0", "int4-g128") is None  # weight-only formats: not in the tables
+
+
+# h100_sxm/attention/vllm/0.24.0/generation_attention_perf.parquet, vllm_flash_attn_fa3, bf16 KV, 8 query heads,
+# 1 KV head, head dim 128 (Qwen3-235B at TP8): latency in ms at (batch, KV length = step + 1)
+GQA_ROWS_MS = {(256, 512): 0.043024, (256, 1024): 0.06458133, (1024, 1024): 0.19593066, (512, 2048): 0.19890666}
+
+
+def test_the_gqa_decode_grid_is_the_packages_rows_and_long_lengths_at_large_batches_scale_from_smaller_ones():
+    grid = gqa_decode_grid("h100-sxm", "vllm", "0.11.0", GQADecodeShape(heads=8, kv_heads=1, head_dim=128, kv_bytes=2))
+    assert grid is not None and grid.release == "0.24.0" and "(vllm_flash_attn_fa3)" in grid.source
+    for (batch, length), ms in GQA_ROWS_MS.items():
+        assert grid.time_s(batch, length) == (pytest.approx(ms / 1e3, rel=1e-6), False)
+    # batch 1024 was measured up to 1,024 cached tokens only: at 2,048, twice the batch-512 time, flagged
+    assert grid.time_s(1024, 2048) == (pytest.approx(2 * GQA_ROWS_MS[(512, 2048)] / 1e3, rel=1e-6), True)
+
+
+def test_a_sliding_window_grid_stays_flat_past_the_longest_length_measured():
+    """gpt-oss's 128-token window at TP1: batch 64 was measured up to 8,192 cached tokens; longer requests read
+    the same window, so they take that time, not one scaled from smaller batches measured further out."""
+    shape = GQADecodeShape(heads=64, kv_heads=8, head_dim=64, kv_bytes=2, window=128)
+    grid = gqa_decode_grid("h100-sxm", "vllm", "0.10.2", shape)
+    assert grid is not None and grid.axes[1][-1] == 65536
+    longest = grid.time_s(64, 8192)
+    assert longest is not None and not longest[1]
+    assert grid.time_s(64, 32768) == (pytest.approx(longest[0]), False)
+    assert grid.time_s(64, 131072) == (pytest.approx(longest[0]), True)
+    full = gqa_decode_grid("h100-sxm", "vllm", "0.10.2", GQADecodeShape(heads=64, kv_heads=8, head_dim=64, kv_bytes=2))
+    windowed, unwindowed = grid.time_s(64, 4096), full.time_s(64, 4096) if full else None
+    assert windowed is not None and unwindowed is not None and unwindowed[0] > 2 * windowed[0]
+
+
+def test_a_batch_measured_only_short_of_its_window_is_not_taken_as_flat():
+    """An 8,192-token window, 40 query and 8 KV heads of 128: batch 1024 was measured up to 1,024 tokens only,
+    short of the window, so at 65,536 tokens (which read the whole window) it scales from a smaller batch measured
+    past the window, flagged, and costs more than batch 128 does there."""
+    shape = GQADecodeShape(heads=40, kv_heads=8, head_dim=128, kv_bytes=2, window=8192)
+    grid = gqa_decode_grid("h100-sxm", "vllm", "0.11.0", shape)
+    assert grid is not None
+    big, small = grid.time_s(1024, 65536), grid.time_s(128, 65536)
+    assert big is not None and small is not None and big[1] and big[0] > small[0]

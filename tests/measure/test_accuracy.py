@@ -40,13 +40,17 @@ def test_rank_agreement_does_not_fall_below_the_stated_four_of_six(checked):
 
 
 def test_each_row_says_how_much_of_its_step_came_from_tables(checked):
-    """Qwen3-235B on H100 under vLLM reads vLLM 0.24.0's H100 MoE table; DeepSeek-V3 on MI300X has no table
-    (the package holds no AMD system): its step is all roofline."""
+    """Qwen3-235B on H100 under vLLM reads vLLM 0.24.0's H100 tables: its bf16 projections' GEMMs, its GQA decode
+    attention and its MoE; DeepSeek-V3 on MI300X has no table (the package holds no AMD system): its step is all
+    roofline."""
     by = {c.row.id: c for c in checked}
     gt32, gt22 = by["GT32"].coverage, by["GT22"].coverage
     assert gt32 is not None and gt22 is not None
+    h100 = "aiconfigurator-core 0.12.0 h100_sxm vllm 0.24.0"
     assert gt32["measured_share"] > 0.3 and gt32["tables"] == [
-        "aiconfigurator-core 0.12.0 h100_sxm vllm 0.24.0 moe_perf (vllm_unquantizedfusedmoe_triton_tritonexperts)"
+        f"{h100} gemm_perf (torch.nn.functional.linear)",
+        f"{h100} generation_attention_perf (vllm_flash_attn_fa3)",
+        f"{h100} moe_perf (vllm_unquantizedfusedmoe_triton_tritonexperts)",
     ]
     assert gt22["measured_share"] == 0.0 and gt22["tables"] == []
 

@@ -8,7 +8,7 @@ no table holds, stays on the roofline.
 from __future__ import annotations
 
 from shardwise.cost.roofline import Measured
-from shardwise.hardware.kernel_tables import mla_decode_grid, moe_curve, spec
+from shardwise.hardware.kernel_tables import gemm_grid, gqa_decode_grid, mla_decode_grid, moe_curve, spec
 from shardwise.ops.types import Compute
 
 
@@ -30,4 +30,24 @@ class MeasuredKernels:
             found = grid.time_s(op.tokens, op.context) if grid is not None else None
             if grid is not None and found is not None:
                 return Measured(seconds=found[0], source=grid.source, extrapolated=found[1], release=grid.release)
+        if op.gqa_decode is not None and "gqa_decode" in self.families:
+            grid = gqa_decode_grid(self.gpu, self.engine, self.release, op.gqa_decode)
+            found = grid.time_s(op.tokens, op.context) if grid is not None else None
+            if grid is not None and found is not None:
+                return Measured(seconds=found[0], source=grid.source, extrapolated=found[1], release=grid.release)
+        if op.gemms and "gemm" in self.families:
+            return self._gemms(op)
         return None
+
+    def _gemms(self, op: Compute) -> Measured | None:
+        """An op of one or more GEMMs (a fused one counted by its share): measured only if every one of them is."""
+        seconds, beyond, grid = 0.0, False, None
+        for gemm in op.gemms:
+            grid = gemm_grid(self.gpu, self.engine, self.release, gemm.weight_format)
+            found = grid.time_s(op.tokens, gemm.n, gemm.k) if grid is not None else None
+            if grid is None or found is None:
+                return None
+            seconds += found[0] * gemm.share
+            beyond = beyond or found[1]
+        assert grid is not None
+        return Measured(seconds=seconds, source=grid.source, extrapolated=beyond, release=grid.release)

@@ -4,19 +4,23 @@ which package version, which system each GPU is, and how our weight formats name
 This module owns the mapping from a shardwise op to a table row set: `moe_curve(gpu, engine, release, shape)`
 returns the measured latency of the routed-expert kernels of one shape against the tokens entering them, from
 the newest table release at or below the engine release modelled (or the oldest there is, flagged), or None
-when no table holds that shape. Lookups interpolate log-log between measured token counts; beyond the last
-one they scale linearly from it (flagged as extrapolated). Only the row set a run asks for is read, once per
-process; it is kept under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
+when no table holds that shape; `mla_decode_grid`, `gqa_decode_grid` and `gemm_grid` do the same for decode
+attention over (batch, KV length) and dense GEMMs over (tokens, n, k). Lookups interpolate log-log between
+measured points; beyond the last one they scale linearly from it (flagged as extrapolated), except a windowed
+attention's length, which a window caps. Only the row set a run asks for is read, once per process; it is kept
+under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
 A folder of the user's own measurements in the same layout ($SHARDWISE_KERNEL_TABLES) is looked up first.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import os
 import tempfile
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, field
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -39,6 +43,17 @@ class MLADecodeTables(BaseModel):
     kv_dtypes: dict[str, str]  # KV bytes per element → the table's kv_cache_dtype
 
 
+class GemmTables(BaseModel):
+    table: str
+    dtypes: dict[str, str]  # shardwise weight format → the table's gemm_dtype
+    not_kernel_times: dict[str, list[str]] = {}  # framework → gemm_dtypes whose rows time more than the kernel
+
+
+class GQADecodeTables(BaseModel):
+    table: str
+    kv_dtypes: dict[str, str]  # KV bytes per element → the table's kv_cache_dtype
+
+
 class KernelTablesSpec(BaseModel):
     package: str
     version: str
@@ -46,6 +61,8 @@ class KernelTablesSpec(BaseModel):
     systems: dict[str, str]
     moe: MoETables
     mla_decode: MLADecodeTables
+    gemm: GemmTables
+    gqa_decode: GQADecodeTables
 
 
 @cache
@@ -107,36 +124,103 @@ class MLADecodeShape:
     kv_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    """One GEMM an op runs on one GPU, as the tables key it (the token count is the op's): its weight format and
+    its local output and input widths. Where the engines fuse several matrices into one GEMM (q, k and v; gate and
+    up), each is keyed by the fused shape and takes `share` of its time: its part of the fused output."""
+
+    weight_format: str
+    n: int
+    k: int
+    share: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class GQADecodeShape:
+    """Decode attention of multi-head / grouped-query attention on one GPU as the tables key it."""
+
+    heads: int  # local query heads
+    kv_heads: int  # local KV heads
+    head_dim: int
+    kv_bytes: int  # bytes per cached element
+    window: int = 0  # sliding window in tokens; 0: full attention
+
+
+REMEMBERED_POINTS = 100_000  # points a grid remembers before it starts afresh
+
+
 @dataclass(frozen=True)
 class Grid:
-    """Measured seconds over (batch, KV length), for one shape, from one table; NaN where a cell was not
-    measured."""
+    """Measured seconds over a grid of shape coordinates, for one shape, from one table: (batch, KV length) for
+    decode attention, (tokens, n, k) for a GEMM. NaN where a cell was not measured."""
 
-    batch: np.ndarray  # ascending
-    kv_len: np.ndarray  # ascending
-    seconds: np.ndarray  # [batch, kv_len]
+    axes: tuple[np.ndarray, ...]  # each ascending; the first is the batch (tokens)
+    seconds: np.ndarray  # one dimension per axis
     source: str
     release: str
+    grows: tuple[bool, ...] = ()  # per axis: beyond its last value the time grows in proportion (else: flat)
+    scale_batch: bool = True  # a cell not measured: linear in batch from a smaller one (attention, not GEMMs)
+    _found: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # a search repeats points
 
-    def time_s(self, batch: float, kv_len: float) -> tuple[float, bool] | None:
-        """(seconds, whether beyond the measured range): log-bilinear between the four measured cells around the
-        point; beyond the largest batch, linear in batch from it. None where a cell it needs was not measured."""
-        b, k = max(float(batch), 1.0), min(max(float(kv_len), float(self.kv_len[0])), float(self.kv_len[-1]))
-        beyond = b > self.batch[-1] or kv_len > self.kv_len[-1]
-        scale = 1.0
-        if b > self.batch[-1]:
-            scale, b = b / self.batch[-1], float(self.batch[-1])
-        i = int(np.clip(np.searchsorted(self.batch, b) - 1, 0, len(self.batch) - 2))
-        j = int(np.clip(np.searchsorted(self.kv_len, k) - 1, 0, len(self.kv_len) - 2))
-        cells = self.seconds[i : i + 2, j : j + 2]
-        if np.isnan(cells).any():
+    def time_s(self, *point: float) -> tuple[float, bool] | None:
+        """(seconds, whether outside the measured range): log-linear in every axis between the measured cells
+        around the point; below an axis's first value, that value's time; beyond its last, in proportion to it
+        (or flat, as a window caps the length read). Where a cell it needs was not measured (the collectors
+        measured large batches at short lengths only), linear in batch from the largest batch measured there,
+        for attention; a GEMM is left to the roofline. None where nothing is."""
+        if any(math.isnan(v) for v in point):
             return None
-        fb = (math.log(b) - math.log(self.batch[i])) / (math.log(self.batch[i + 1]) - math.log(self.batch[i]))
-        fk = (math.log(k) - math.log(self.kv_len[j])) / (math.log(self.kv_len[j + 1]) - math.log(self.kv_len[j]))
-        logs = np.log(cells)
-        row = logs[:, 0] + (logs[:, 1] - logs[:, 0]) * min(max(fk, 0.0), 1.0)
-        value = row[0] + (row[1] - row[0]) * min(max(fb, 0.0), 1.0)
-        return float(math.exp(value)) * scale, bool(beyond)
+        if point not in self._found:
+            if len(self._found) >= REMEMBERED_POINTS:
+                self._found.clear()
+            self._found[point] = self._look_up(point)
+        return self._found[point]
+
+    def _look_up(self, point: tuple[float, ...]) -> tuple[float, bool] | None:
+        found = self._between(point)
+        if found is not None or not self.scale_batch:
+            return found
+        for batch in self.axes[0][::-1]:
+            if batch < point[0]:
+                below = self._between((float(batch), *point[1:]))
+                if below is not None:
+                    return below[0] * point[0] / float(batch), True
+        return None
+
+    @cached_property
+    def _log_axes(self) -> tuple[list[float], ...]:
+        return tuple([math.log(float(v)) for v in axis] for axis in self.axes)
+
+    def _between(self, point: tuple[float, ...]) -> tuple[float, bool] | None:
+        scale, beyond, lows, fractions = 1.0, False, [], []
+        grows = self.grows or (True,) * len(self.axes)
+        for value, logs, grow in zip(point, self._log_axes, grows, strict=True):
+            log_v = math.log(max(float(value), 1.0))
+            if log_v < logs[0]:
+                beyond, log_v = True, logs[0]
+            if log_v > logs[-1]:
+                beyond = True
+                if grow:
+                    scale *= math.exp(log_v - logs[-1])
+                log_v = logs[-1]
+            i = min(max(bisect.bisect_left(logs, log_v) - 1, 0), max(len(logs) - 2, 0))
+            j = min(i + 1, len(logs) - 1)
+            lows.append(i)
+            fractions.append(min(max((log_v - logs[i]) / (logs[j] - logs[i]), 0.0), 1.0) if j > i else 0.0)
+        total = 0.0  # the log-linear blend of the cells around the point
+        for corner in itertools.product((0, 1), repeat=len(lows)):
+            weight = 1.0
+            for up, f in zip(corner, fractions, strict=True):
+                weight *= f if up else 1.0 - f
+            if weight == 0.0:
+                continue
+            cell = float(self.seconds[tuple(min(i + up, n - 1) for i, up, n in
+                                            zip(lows, corner, self.seconds.shape, strict=True))])  # fmt: skip
+            if math.isnan(cell):
+                return None
+            total += weight * math.log(cell)
+        return math.exp(total) * scale, beyond
 
 
 @dataclass(frozen=True)
@@ -256,17 +340,94 @@ def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) 
             keep = rows["num_heads"] == shape.heads
             if keep.sum() < 4:
                 continue
-            batch, kv_len = rows["batch_size"][keep], rows["step"][keep] + 1  # `step` tokens cached before this one
-            seconds = rows["latency"][keep] / 1e3
-            batches, lens = np.unique(batch), np.unique(kv_len)
-            grid = np.full((len(batches), len(lens)), np.nan)
-            for b, k, t in zip(batch[::-1], kv_len[::-1], seconds[::-1], strict=True):  # repeated key: the first row
-                grid[np.searchsorted(batches, b), np.searchsorted(lens, k)] = t
             kernel = str(rows["kernel_source"][keep][0])
             source = f"{label} {system} {engine} {table_release} generation_mla_perf ({kernel})"
-            return Grid(batch=batches.astype(float), kv_len=lens.astype(float), seconds=grid, source=source,
-                        release=table_release)  # fmt: skip
+            # `step` tokens were cached before this one
+            return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
+                         table_release)  # fmt: skip
     return None
+
+
+def _grid(coordinates: tuple[np.ndarray, ...], latency_ms: np.ndarray, source: str, release: str, *,
+          flat_from: float | None = None, scale_batch: bool = True) -> Grid:  # fmt: skip
+    """A grid of the measured cells (a key measured twice: its first row, as the package reads it). With
+    `flat_from` (a window's length), the last axis is a length the window caps: a batch measured at or past it
+    keeps that time at longer lengths; one measured only short of it is left to the batch scaling."""
+    axes = tuple(np.unique(c) for c in coordinates)
+    seconds = np.full(tuple(len(a) for a in axes), np.nan)
+    index = np.stack([np.searchsorted(a, c) for a, c in zip(axes, coordinates, strict=True)], axis=1)
+    _, first = np.unique(index, axis=0, return_index=True)
+    seconds[tuple(index[first].T)] = latency_ms[first] / 1e3
+    grows = (True,) * len(axes)
+    if flat_from is not None:
+        grows = (*grows[:-1], False)
+        rows = seconds.reshape(-1, len(axes[-1]))  # a view: the array is new and contiguous
+        for row in rows:
+            measured = np.flatnonzero(~np.isnan(row))
+            if len(measured) and axes[-1][measured[-1]] >= flat_from:
+                row[measured[-1] + 1 :] = row[measured[-1]]
+    return Grid(axes=tuple(a.astype(float) for a in axes), seconds=seconds, source=source, release=release,
+                grows=grows, scale_batch=scale_batch)  # fmt: skip
+
+
+@cache
+def gemm_grid(gpu: str, engine: str, release: str, weight_format: str) -> Grid | None:
+    """The measured GEMMs of one weight format on `gpu` over (tokens, n, k), or None. The collectors ran the
+    kernel the engine dispatches for each shape, so one grid can hold several kernels."""
+    cfg = spec()
+    system = cfg.systems.get(gpu)
+    dtype = cfg.gemm.dtypes.get(weight_format)
+    if system is None or dtype is None or dtype in cfg.gemm.not_kernel_times.get(engine, ()):
+        return None
+    for label, root, kept in _roots():
+        for table_release in _ordered(_releases(root, system, "gemm", engine), release):
+            rows = _rows(root / system / cfg.gemm.table.format(framework=engine, release=table_release),
+                         f"gemm-{system}-{engine}-{table_release}-{dtype}" if kept else None, GEMM_COLUMNS,
+                         (("gemm_dtype", "=", dtype),))  # fmt: skip
+            if rows is None or len(rows["m"]) < 8:
+                continue
+            kernels = ", ".join(sorted({str(k) for k in rows["kernel_source"]}))
+            source = f"{label} {system} {engine} {table_release} gemm_perf ({kernels})"
+            return _grid((rows["m"], rows["n"], rows["k"]), rows["latency"], source, table_release, scale_batch=False)
+    return None
+
+
+GEMM_COLUMNS = ("kernel_source", "m", "n", "k", "latency")
+
+
+@cache
+def gqa_decode_grid(gpu: str, engine: str, release: str, shape: GQADecodeShape) -> Grid | None:
+    """The measured decode attention of `shape` on `gpu` over (batch, KV length), or None."""
+    cfg = spec()
+    system = cfg.systems.get(gpu)
+    kv_dtype = cfg.gqa_decode.kv_dtypes.get(str(shape.kv_bytes))
+    if system is None or kv_dtype is None:
+        return None
+    for label, root, kept in _roots():
+        for table_release in _ordered(_releases(root, system, "attention", engine), release):
+            rows = _rows(root / system / cfg.gqa_decode.table.format(framework=engine, release=table_release),
+                         f"gqa-decode-{system}-{engine}-{table_release}-{kv_dtype}" if kept else None,
+                         GQA_COLUMNS, (("kv_cache_dtype", "=", kv_dtype), ("attn_dtype", "=", "bfloat16")))  # fmt: skip
+            if rows is None:
+                continue
+            keep = (
+                (rows["num_heads"] == shape.heads)
+                & (rows["num_key_value_heads"] == shape.kv_heads)
+                & (rows["head_dim"] == shape.head_dim)
+                & (rows["window_size"] == shape.window)
+            )
+            if keep.sum() < 4:
+                continue
+            kernel = str(rows["kernel_source"][keep][0])
+            source = f"{label} {system} {engine} {table_release} generation_attention_perf ({kernel})"
+            # `step` tokens were cached before this one; a window caps what is read, so its time stays flat
+            return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
+                         table_release, flat_from=shape.window + 1 if shape.window else None)  # fmt: skip
+    return None
+
+
+GQA_COLUMNS = ("kernel_source", "num_heads", "num_key_value_heads", "head_dim", "window_size", "batch_size", "step",
+               "latency")  # fmt: skip
 
 
 MLA_COLUMNS = ("kernel_source", "num_heads", "batch_size", "step", "latency")

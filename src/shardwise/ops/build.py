@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from shardwise.engines.layout import Layout, comm_steps, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
-from shardwise.hardware.kernel_tables import MLADecodeShape, MoEShape
+from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MoEShape
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
 from shardwise.spec.cluster import ClusterSpec
@@ -24,6 +24,11 @@ from shardwise.spec.weights import Weight, model_weights
 
 GEMM_ROLES = ("attention", "linear_attention", "dense_mlp", "shared_experts", "router")
 ACT_BYTES = 2  # activations travel in BF16
+# matrices the engines run as one GEMM (their QKVParallelLinear, MergedColumnParallelLinear and, for MLA, the
+# fused q_a / kv_a down-projection), by the checkpoint module's last name
+FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up",
+         "q_a_proj": "qkv_a", "kv_a_proj_with_mqa": "qkv_a"}  # fmt: skip
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj")  # split along their input under tensor parallelism
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class _Matrix:
     bytes: float  # on this GPU
     dtype: str  # tensor-core dtype of its GEMM
     fmt: str = "bf16"  # storage format name
+    gemms: tuple[GemmShape, ...] = ()  # the GEMMs it runs, as measured tables key them
 
 
 def _gemm_kernels(component: str, model: ModelSpec, phase: Phase) -> int:
@@ -42,14 +48,58 @@ def _gemm_kernels(component: str, model: ModelSpec, phase: Phase) -> int:
     weights run as two batched GEMMs (absorbed into q and out of the latent) plus a copy."""
     if component in ("dense_mlp", "shared_experts"):
         return 3
-    if component == "attn.kv_b" and phase is Phase.DECODE and model.attention.kind == "mla":
+    if _absorbed(component, model, phase):
         return 3
     return 1
+
+
+def _absorbed(component: str, model: ModelSpec, phase: Phase) -> bool:
+    """MLA decode runs kv_b as batched GEMMs absorbed into the query and the output, not as one GEMM."""
+    return component == "attn.kv_b" and phase is Phase.DECODE and model.attention.kind == "mla"
 
 
 def _dtype(w: Weight) -> str:
     bits = w.format.activation_bits if w.format else 16
     return {4: "fp4", 8: "fp8"}.get(bits, "bf16")
+
+
+def _local(w: Weight, ways: float) -> tuple[int, int]:
+    """(n, k) of one GPU's slice of a matrix: output rows split, or input columns for a row-parallel one."""
+    out, inp = w.shape
+    if w.module.rsplit(".", 1)[-1] in ROW_PARALLEL:
+        return out, max(1, round(inp / ways))
+    return max(1, round(out / ways)), inp
+
+
+def _fusion_key(w: Weight, ways: float) -> tuple | None:
+    group = FUSED.get(w.module.rsplit(".", 1)[-1])
+    if group is None or w.layer is None:
+        return None
+    return w.layer, w.module.rsplit(".", 1)[0], group, w.format.name if w.format else "bf16", _local(w, ways)[1]
+
+
+def _fused_widths(weights: tuple[Weight, ...], layout: Layout, model: ModelSpec) -> dict[tuple, int]:
+    """Local output width of each GEMM the engines fuse from several matrices of one module, same format and
+    input width (the fusion key)."""
+    widths: dict[tuple, int] = {}
+    for w in weights:
+        if len(w.shape) == 2 and w.role in GEMM_ROLES and w.count == 1:
+            ways = weight_ways(w, layout, model)
+            key = _fusion_key(w, ways)
+            if key is not None:
+                widths[key] = widths.get(key, 0) + _local(w, ways)[0]
+    return widths
+
+
+def _gemms(w: Weight, ways: float, fused: dict[tuple, int]) -> tuple[GemmShape, ...]:
+    """The GEMM one matrix runs as: its own, or its share of the fused one."""
+    if w.count != 1:
+        return ()
+    n, k = _local(w, ways)
+    fmt = w.format.name if w.format else "bf16"
+    key = _fusion_key(w, ways)
+    width = fused.get(key, n) if key else n
+    return (GemmShape(weight_format=fmt, n=width, k=k, share=n / width),)
 
 
 _REPRESENTATIVE: dict[int, tuple[ModelSpec, tuple[Weight, ...]]] = {}
@@ -104,10 +154,12 @@ class StepModel:
         by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
         experts: dict[tuple[str, str], _Matrix] = {}
         head = _Matrix("lm_head", 0.0, 0.0, "bf16")
-        for w in _representative_weights(self.model):
+        weights = _representative_weights(self.model)
+        fused = _fused_widths(weights, self.layout, self.model)
+        for w in weights:
             ways = weight_ways(w, self.layout, self.model)
             if w.role == "lm_head" or (w.role == "embedding" and self.model.tie_word_embeddings):
-                head = _Matrix("lm_head", w.params / ways, w.bytes / ways, _dtype(w))
+                head = _Matrix("lm_head", w.params / ways, w.bytes / ways, _dtype(w), gemms=_gemms(w, ways, {}))
             if w.layer not in by_layer or len(w.shape) != 2:
                 continue
             kind = _kind(self.model, w.layer)
@@ -129,6 +181,7 @@ class StepModel:
                     w.params / ways + (old.params if old else 0.0),
                     w.bytes / ways + (old.bytes if old else 0.0),
                     _dtype(w),
+                    gemms=(old.gemms if old else ()) + _gemms(w, ways, fused),
                 )
         matrices = {kind: list(by_layer[layer].values()) for kind, layer in first.items()}
         return matrices, experts, head
@@ -198,6 +251,8 @@ class StepModel:
                     weight_bytes=m.bytes,
                     dtype=m.dtype,
                     kernels=_gemm_kernels(m.name, self.model, phase),
+                    gemms=() if _absorbed(m.name, self.model, phase) else m.gemms,
+                    tokens=tokens,
                 )
             )
         ops.append(self._attention(kind[0], stage, count, phase, rank_requests, new_tokens, context))
@@ -238,9 +293,11 @@ class StepModel:
                 dtype="bf16", kernels=3,
             )  # fmt: skip
         seen = context + (new_tokens / 2 if phase is Phase.PREFILL else new_tokens)
-        if attention == "sliding" and model.sliding_window:
-            seen = min(seen, model.sliding_window)
-            context = min(context, model.sliding_window)
+        full_length = context + new_tokens  # what a decode table is looked up at (with its window, if any)
+        window = model.sliding_window if attention == "sliding" and model.sliding_window else 0
+        if window:
+            seen = min(seen, window)
+            context = min(context, window)
         cached = context + new_tokens
         per_token_cache = model.kv_bytes_per_token_per_layer()
         if att.kind == "mla" and att.mla is not None:
@@ -256,9 +313,15 @@ class StepModel:
             cache_share = max(1, kv_heads // max(1, lay.attn_tp)) / kv_heads / lay.dcp
         flops = requests * new_tokens * heads * seen * per_pair / lay.dcp
         kv_bytes = requests * cached * per_token_cache * cache_share
-        measured_shape = None
-        if att.kind == "mla" and phase is Phase.DECODE and new_tokens == 1 and lay.dcp == 1:
+        measured_shape, gqa_shape = None, None
+        one_query = phase is Phase.DECODE and new_tokens == 1 and lay.dcp == 1
+        if att.kind == "mla" and one_query:
             measured_shape = MLADecodeShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
+        elif att.kind != "mla" and one_query and heads == int(heads):
+            gqa_shape = GQADecodeShape(
+                heads=int(heads), kv_heads=max(1, att.num_kv_heads // max(1, lay.attn_tp)), head_dim=att.head_dim,
+                kv_bytes=int(model.kv_bytes_per_element), window=window,
+            )  # fmt: skip
         return Compute(
             name="attention",
             op_class=OpClass.ATTENTION,
@@ -270,8 +333,9 @@ class StepModel:
             dtype="bf16",
             kernels=2,  # split-KV partials + merge
             mla_decode=measured_shape,
+            gqa_decode=gqa_shape,
             tokens=requests,
-            context=int(cached),
+            context=int(full_length),
         )
 
     def _routed_experts(self, kind: tuple[str, str], stage: int, count: int, tokens: int) -> Compute:
@@ -360,7 +424,7 @@ class StepModel:
             Compute(name="lm_head", op_class=OpClass.GEMM, stage=last, count=1,
                     flops=2 * sampled * self._head.params,
                     bytes=self._head.bytes + sampled * vocab / lay.lm_head_tp * 4,
-                    weight_bytes=self._head.bytes, dtype=self._head.dtype),
+                    weight_bytes=self._head.bytes, dtype=self._head.dtype, gemms=self._head.gemms, tokens=sampled),
             Compute(name="sampling", op_class=OpClass.SAMPLING, stage=last, count=1, flops=0.0,
                     bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4),
         ]  # fmt: skip
