@@ -236,9 +236,12 @@ def test_bad_concurrency_is_one_line():
 def test_validate_reports_the_error_per_metric():
     payload = run_json("validate")
     metrics = {(s["group"], s["metric"]): s for s in payload["summary"]}
-    assert set(metrics) == {(g, m) for g in ("plain", "speculative") for m in ("output_tok_s", "tpot_ms")} | {
-        ("older release", "output_tok_s")  # SGLang 0.4 rows report no TPOT
-    }
+    assert set(metrics) == {
+        (g, m) for g in ("plain", "speculative") for m in ("output_tok_s", "tpot_ms", "ttft_ms")
+    } | {("older release", "output_tok_s")}  # SGLang 0.4 rows report no TPOT or TTFT
+    # the mean TTFT of the rows that report it, measured and predicted
+    gt38 = next(r for r in payload["rows"] if r["id"] == "GT38")
+    assert gt38["measured"]["ttft_ms"] == 4613 and gt38["predicted"]["ttft_ms"] > 0
     spec_rows = [r for r in payload["rows"] if r["accept_length"]]
     assert {r["id"] for r in spec_rows} == {"GT21", "GT90", "GT91"}
     assert all(r["group"] == "speculative" for r in spec_rows)  # all three from modelled releases

@@ -198,3 +198,21 @@ def test_the_vision_tower_follows_the_flags():
     assert resolve("-tp 8 --language-model-only").layout.vision_tp == 0
     assert resolve('-tp 8 --limit-mm-per-prompt {"vision_chunk":0}').layout.vision_tp == 0
     assert resolve('-tp 8 --limit-mm-per-prompt {"image":0}').layout.vision_tp == 8
+
+
+@pytest.mark.parametrize("version", ["0.10.2", "0.11.0"])
+def test_early_async_scheduling_refuses_pipeline_stages_and_drafts(version):
+    """EngineArgs.create_engine_config in the 0.10.2 and 0.11.0 wheels: --async-scheduling with pp > 1 or with a
+    speculative config is a ValueError; on its own (a single stage, no drafts) it starts and overlaps the GPU."""
+    gpt_oss, h100 = load_model("gpt-oss-120b"), load_cluster("2xh100")
+    staged = VLLM.resolve("-pp 2 --async-scheduling".split(), model=gpt_oss, cluster=h100, version=version)
+    assert rules(staged) == ["async_scheduling_early"]
+    assert "pipeline-parallel-size > 1" in staged.rejections[0].engine_error
+    drafted = VLLM.resolve(["-tp", "2", "--async-scheduling", "--speculative-config",
+                            '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'],
+                           model=gpt_oss, cluster=h100, version=version)  # fmt: skip
+    assert "async_scheduling_early" in rules(drafted)
+    alone = VLLM.resolve("-tp 2 --async-scheduling".split(), model=gpt_oss, cluster=h100, version=version)
+    assert alone.valid and alone.layout.options.overlap_schedule
+    later = VLLM.resolve("-pp 2 --async-scheduling".split(), model=gpt_oss, cluster=h100, version="0.33.0")
+    assert "async_scheduling_early" not in rules(later)

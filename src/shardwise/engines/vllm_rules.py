@@ -13,6 +13,7 @@ from packaging.version import Version
 from shardwise.engines.base import Context, Rejection, Rule
 
 V034 = Version("0.34.0")  # the model runner's DBO exclusions
+V012 = Version("0.12.0")  # async scheduling's refusals below, read from the 0.10.2 and 0.11.0 wheels
 
 
 def moe_world(f: dict[str, Any]) -> int:
@@ -229,6 +230,25 @@ def dbo_runner(ctx: Context) -> Rejection | None:
                      source=_src(ctx, "config/vllm.py VllmConfig._validate_model_runner"))  # fmt: skip
 
 
+def async_scheduling_early(ctx: Context) -> Rejection | None:
+    """Before async scheduling became vLLM's default it was experimental: --async-scheduling refused pipeline
+    parallelism and speculative decoding (EngineArgs.create_engine_config in the 0.10.2 and 0.11.0 wheels; the
+    releases between 0.11 and 0.33 are not read, so the rule stops at 0.11)."""
+    f = ctx.flags
+    if not f.get("async_scheduling") or ctx.version >= V012:
+        return None
+    if f["pipeline_parallel_size"] > 1:
+        reason, error = (f"--async-scheduling with pipeline parallelism (pp {f['pipeline_parallel_size']})",
+                         "Async scheduling is not supported with pipeline-parallel-size > 1.")  # fmt: skip
+    elif f.get("speculative_config"):
+        reason, error = ("--async-scheduling with speculative decoding",
+                         "Currently, speculative decoding is not supported with async scheduling.")  # fmt: skip
+    else:
+        return None
+    return Rejection(rule="async_scheduling_early", reason=reason, engine_error=f"ValueError: {error}",
+                     source=_src(ctx, "engine/arg_utils.py EngineArgs.create_engine_config"))  # fmt: skip
+
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -314,6 +334,7 @@ RULES: list[Rule] = [
     deepep_link,
     dbo_backend,
     dbo_runner,
+    async_scheduling_early,
     multi_node,
     enough_gpus,
 ]

@@ -22,6 +22,7 @@ from shardwise.spec.cluster import ClusterSpec, build_cluster
 
 LARGE_BATCH = 256  # running requests per rank from which per-request host work is a step's visible share
 REQUEST_HOST_S = (50e-6, 100e-6, 200e-6, 400e-6)  # per-request host times tried, doubling
+PREFILL_SCALES = (1.5, 2.0, 3.0, 4.0)  # prefill steps this many times their priced time, tried in turn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +58,7 @@ def explain(c: Checked, others: list[Checked]) -> list[Mechanism]:
         _tables(c, metrics),
         _roofline_only(c, metrics),
         _host_per_request(c, metrics, siblings),
+        _prefill_under_load(c, metrics, siblings),
         _preemption(c),
         _assumed(c),
     ]
@@ -234,6 +236,42 @@ def _host_per_request(c: Checked, metrics: list[str], siblings: list[Checked]) -
         "(a calibration can fit it from your own runs: request_cpu_s)",
         predicted=_metrics(variant),
         siblings=_sibling_errors(siblings, _with(cluster, request_cpu_s=value)),
+    )
+
+
+def _prefill_under_load(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism | None:
+    """A load of many requests spends much of its time prefilling (a burst prefills every prompt, most of them
+    while others decode): when the first tokens come later than predicted, say how much slower the prefill steps
+    would have to be to put the row where it was measured, on every metric it measured together. What would
+    slow them is not priced, so this names the size of the gap and where it sits, not its cause."""
+    sim = c.simulated
+    if sim is None or sim.peak_running < LARGE_BATCH or "ttft_ms" not in metrics or not _slower(c, "ttft_ms"):
+        return None
+    measured = [m for m in METRICS if c.error(m) is not None]
+    best: tuple[float, float, Checked] | None = None
+    for scale in PREFILL_SCALES:
+        variant = check_row(c.row, cluster=c.cluster, prefill_scale=scale)
+        errors = [variant.error(m) for m in measured]
+        if variant.simulated is None or any(e is None for e in errors):
+            break
+        worst = max(abs(e) for e in errors if e is not None)
+        if best is not None and worst >= best[0]:
+            break
+        best = (worst, scale, variant)
+    if best is None or not _toward(c, best[2], metrics):
+        return None
+    _, scale, variant = best
+    return Mechanism(
+        name="prefill under load",
+        why=f"the predicted time to first token is {-c.error('ttft_ms'):.0%} below the measured one: prefill steps "
+        f"taking about {scale:g}× their priced time would put the row here on every metric it measured (its "
+        "running requests wait out the longer prefills too); what would make them so slow is not priced (the "
+        "prefill kernels of the release measured, prefill attention on the roofline, the server taking in "
+        "hundreds of requests at once)",
+        predicted=_metrics(variant),
+        siblings={
+            s.row.id: check_row(s.row, cluster=s.cluster, prefill_scale=scale).error("output_tok_s") for s in siblings
+        },  # fmt: skip
     )
 
 

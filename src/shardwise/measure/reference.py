@@ -32,7 +32,7 @@ from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.workload import Lengths, WorkloadSpec, dataset
 
-METRICS = ("output_tok_s", "tpot_ms")
+METRICS = ("output_tok_s", "tpot_ms", "ttft_ms")
 
 
 class ReferenceRow(Frozen):
@@ -52,7 +52,8 @@ class ReferenceRow(Frozen):
     request_rate: float | None = Field(None, gt=0, description="requests per second sent; .inf: all at once")
     num_prompts: int | None = Field(None, ge=1, description="requests of the run; none: the tools' default, 1000")
     output_tok_s: float | None = Field(None, gt=0)
-    tpot_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0, description="mean time per output token after the first")
+    ttft_ms: float | None = Field(None, gt=0, description="mean time to first token")
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
     assumed: str | None = None
 
@@ -122,7 +123,8 @@ class Checked:
     def value(self, metric: str) -> float | None:
         if self.simulated is None:
             return None
-        return {"output_tok_s": self.simulated.output_tok_s, "tpot_ms": self.simulated.tpot_s.mean * 1e3}[metric]
+        return {"output_tok_s": self.simulated.output_tok_s, "tpot_ms": self.simulated.tpot_s.mean * 1e3,
+                "ttft_ms": self.simulated.ttft_s.mean * 1e3}[metric]  # fmt: skip
 
     def error(self, metric: str) -> float | None:
         """Signed relative error (predicted − measured) / measured."""
@@ -141,9 +143,11 @@ def load_rows(path: Path | None = None) -> tuple[ReferenceRow, ...]:
     return validate(ReferenceFile, read_yaml(path), origin=str(path)).rows
 
 
-def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: bool = True) -> Checked:
-    """Predict one row as its benchmark ran it. `cluster` and `tables` change one input (another description of
-    the row's GPUs; the roofline instead of the kernel tables) to price what that input does to the prediction."""
+def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: bool = True,
+              prefill_scale: float = 1.0) -> Checked:  # fmt: skip
+    """Predict one row as its benchmark ran it. `cluster`, `tables` and `prefill_scale` change one input (another
+    description of the row's GPUs; the roofline instead of the kernel tables; prefill steps that many times their
+    priced time) to price what that input does to the prediction."""
     cluster = cluster or load_cluster(row.gpus)
     checked = check_command(row.command, cluster=cluster, model=row.model, version=row.engine_version)
     layout = checked.setup.layout
@@ -153,7 +157,8 @@ def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: 
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
         return Checked(row=row, engine=layout.engine, problem=memory.reason, layout_spec=layout)
-    steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length, tables=tables)
+    steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length, tables=tables,
+                      prefill_scale=prefill_scale)  # fmt: skip
     workload = row.workload_spec()
     try:
         result = simulate(steps, memory, workload)
@@ -259,5 +264,6 @@ def rows_from_results(levels: list[MeasuredLevel], *, command: str | None, gpus:
             isl=level.isl, osl=level.osl, concurrency=level.concurrency,
             request_rate=level.request_rate if level.concurrency is None else None,
             num_prompts=level.num_prompts, output_tok_s=level.output_tok_s, tpot_ms=level.tpot_ms,
+            ttft_ms=level.ttft_ms,
         ))  # fmt: skip
     return rows

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shardwise.measure.gaps import Mechanism, beyond
-from shardwise.measure.reference import Checked, ErrorSummary, RankAgreement, group_of_row
+from shardwise.measure.reference import METRICS, Checked, ErrorSummary, RankAgreement, group_of_row
 
 Gaps = dict[str, list[Mechanism]]  # row id → the mechanisms that could explain its gap
 
@@ -26,6 +26,9 @@ def _ranks_line(ranks: RankAgreement) -> str:
             f"measured, over {ranks.groups} workloads measured on two setups or more")  # fmt: skip
 
 
+LABELS = {"output_tok_s": "tok/s", "tpot_ms": "TPOT", "ttft_ms": "TTFT"}
+
+
 def _err(c: Checked, metric: str) -> str:
     error = c.error(metric)
     if error is None:
@@ -37,7 +40,7 @@ def _predicted_text(m: Mechanism, c: Checked) -> str:
     if not m.predicted:
         return ""
     parts = []
-    for metric, unit in (("output_tok_s", "tok/s"), ("tpot_ms", "ms TPOT")):
+    for metric, unit in (("output_tok_s", "tok/s"), ("tpot_ms", "ms TPOT"), ("ttft_ms", "ms TTFT")):
         value, measured = m.predicted.get(metric), getattr(c.row, metric)
         if value is not None and measured is not None:
             parts.append(f"{value:,.1f} {unit} ({(value - measured) / measured:+.0%})")
@@ -55,8 +58,7 @@ def gap_lines(checked: list[Checked], gaps: Gaps) -> list[Text]:
         metrics = beyond(c)
         if not metrics:
             continue
-        errors = ", ".join(f"{m.replace('output_tok_s', 'tok/s').replace('tpot_ms', 'TPOT')} {c.error(m):+.0%}"
-                           for m in metrics)  # fmt: skip
+        errors = ", ".join(f"{LABELS[m]} {c.error(m):+.0%}" for m in metrics)
         lines.append(Text(f"{c.row.id} ({errors}):", style="bold"))
         mechanisms = gaps.get(c.row.id, [])
         if not mechanisms:
@@ -72,7 +74,7 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
         title="measurements against predictions, each run simulated as its benchmark sent it; * = speculative decoding"
     )
     for name in ("id", "model", "GPUs", "layout", "load", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err",
-                 "tables"):  # fmt: skip
+                 "TTFT s", "err", "tables"):  # fmt: skip
         table.add_column(name, justify="left" if name in ("id", "model", "GPUs", "layout") else "right")
     for c in checked:
         table.add_row(
@@ -81,6 +83,7 @@ def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: 
             _num(c.row.output_tok_s), _num(c.value("output_tok_s")),
             _err(c, "output_tok_s"),
             _num(c.row.tpot_ms), _num(c.value("tpot_ms")), _err(c, "tpot_ms"),
+            _num(c.row.ttft_ms / 1e3 if c.row.ttft_ms else None, 2), _err(c, "ttft_ms"),
             "—" if c.coverage is None else f"{c.coverage['measured_share']:.0%}",
         )  # fmt: skip
     table.caption = (
@@ -131,8 +134,8 @@ def validation_payload(checked: list[Checked], summary: list[ErrorSummary], rank
                 "group": group_of_row(c),
                 "decode_coverage": c.coverage,
                 "accept_length": c.row.accept_length,
-                "measured": {m: getattr(c.row, m) for m in ("output_tok_s", "tpot_ms")},
-                "predicted": {m: c.value(m) for m in ("output_tok_s", "tpot_ms")},
+                "measured": {m: getattr(c.row, m) for m in METRICS},
+                "predicted": {m: c.value(m) for m in METRICS},
                 "beyond_stated_accuracy": beyond(c),
                 "mechanisms": [m.payload() for m in (gaps or {}).get(c.row.id, [])],
             }

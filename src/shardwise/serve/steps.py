@@ -53,8 +53,10 @@ class StepTimes:
         accept_length: float | None = None,
         drafter: Drafter | None = None,
         tables: bool = True,
+        prefill_scale: float = 1.0,
     ) -> None:
         self.layout = layout
+        self.prefill_scale = prefill_scale  # a what-if: every prefill step takes this multiple of its priced time
         self.target = StepCostModel(StepModel(model, layout, cluster), tables=tables)
         self.plan: SpecPlan | None = None
         self.draft: StepCostModel | None = None
@@ -96,7 +98,7 @@ class StepTimes:
             step = self.target.step(
                 phase=Phase.PREFILL, requests=requests, new_tokens=new_tokens, context_tokens=context
             )
-            self._prefill[key] = step.time_s
+            self._prefill[key] = step.time_s * self.prefill_scale
         return self._prefill[key]
 
     def _cycle(self, running: int, context: int) -> DecodeCycle:
