@@ -15,6 +15,8 @@ from shardwise.hardware.kernel_tables import (
     mla_decode_grid,
     moe_curve,
 )
+from shardwise.ops.build import StepModel
+from shardwise.ops.types import Phase
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
 
@@ -230,3 +232,25 @@ def test_a_batch_measured_only_short_of_its_window_is_not_taken_as_flat():
     assert grid is not None
     big, small = grid.time_s(1024, 65536), grid.time_s(128, 65536)
     assert big is not None and small is not None and big[1] and big[0] > small[0]
+
+
+def test_a_table_priced_mlp_adds_its_untimed_activation_kernel():
+    """Qwen3-8B's dense MLP on one B200 at 32 requests: the fused gate-up GEMM and the down GEMM from the table,
+    each matrix its share, plus the least GPU time of the activation kernel between them, which no table times."""
+    from shardwise.hardware.load import overheads
+
+    cluster = load_cluster("1xb200")
+    checked = check_command("python -m sglang.launch_server --model-path Qwen/Qwen3-8B", cluster=cluster)
+    step = StepTimes(checked.model, checked.setup.layout, cluster).decode(32, 512).step
+    (mlp,) = [op for op in step.ops if op.name == "dense_mlp"]
+    listed = StepModel(checked.model, checked.setup.layout, cluster).ops(
+        phase=Phase.DECODE, requests=32, new_tokens=1, context_tokens=512
+    )
+    (op,) = [o for o in listed if o.name == "dense_mlp" and o.stage == 0]
+    shapes = op.gemms
+    assert sum(g.share for g in shapes) == pytest.approx(2.0)  # gate and up as one GEMM, then down
+    grid = gemm_grid("b200", "sglang", "0.5.23", "bf16")
+    assert grid is not None
+    gemm_s = sum(grid.time_s(32, g.n, g.k)[0] * g.share for g in shapes)  # type: ignore[index]
+    per_layer = gemm_s + overheads().kernel_gpu.si("s")
+    assert mlp.time_s == pytest.approx(mlp.count * per_layer, rel=1e-9)

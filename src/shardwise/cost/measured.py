@@ -7,6 +7,8 @@ no table holds, stays on the roofline.
 
 from __future__ import annotations
 
+import math
+
 from shardwise.cost.roofline import Measured
 from shardwise.hardware.kernel_tables import gemm_grid, gqa_decode_grid, mla_decode_grid, moe_curve, spec
 from shardwise.ops.types import Compute
@@ -40,7 +42,8 @@ class MeasuredKernels:
         return None
 
     def _gemms(self, op: Compute) -> Measured | None:
-        """An op of one or more GEMMs (a fused one counted by its share): measured only if every one of them is."""
+        """An op of one or more GEMMs (a fused one counted by its share): measured only if every one of them is;
+        with several table releases or formats, the source named is the last GEMM's."""
         seconds, beyond, grid = 0.0, False, None
         for gemm in op.gemms:
             grid = gemm_grid(self.gpu, self.engine, self.release, gemm.weight_format)
@@ -50,4 +53,10 @@ class MeasuredKernels:
             seconds += found[0] * gemm.share
             beyond = beyond or found[1]
         assert grid is not None
-        return Measured(seconds=seconds, source=grid.source, extrapolated=beyond, release=grid.release)
+        return Measured(
+            seconds=seconds,
+            source=grid.source,
+            extrapolated=beyond,
+            release=grid.release,
+            kernels=math.ceil(sum(g.share for g in op.gemms) - 1e-9),
+        )  # an MLP's activation: not timed
