@@ -40,3 +40,11 @@ def test_mla_kv_b_is_a_gemm_in_prefill_and_absorbed_in_decode():
     # q_a (1,536) and kv_a (576) are one replicated down-projection of the hidden 7,168
     assert decode["attn.q_a"].gemms == (GemmShape(weight_format="fp8-block", n=2112, k=7168,
                                                   share=pytest.approx(1536 / 2112)),)  # fmt: skip
+
+
+def test_an_mlps_activation_is_the_one_kernel_no_gemm_table_times():
+    """Dense MLP and shared experts run gate-up, an activation, down: the activation is charged apart; a
+    projection or a router is one GEMM, wholly timed."""
+    ops = _ops("python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8", "8xh200", Phase.DECODE)
+    assert ops["dense_mlp"].untimed_kernels == 1 and ops["shared_experts"].untimed_kernels == 1
+    assert ops["attn.o"].untimed_kernels == 0 and ops["router"].untimed_kernels == 0

@@ -7,8 +7,6 @@ no table holds, stays on the roofline.
 
 from __future__ import annotations
 
-import math
-
 from shardwise.cost.roofline import Measured
 from shardwise.hardware.kernel_tables import gemm_grid, gqa_decode_grid, mla_decode_grid, moe_curve, spec
 from shardwise.ops.types import Compute
@@ -53,10 +51,5 @@ class MeasuredKernels:
             seconds += found[0] * gemm.share
             beyond = beyond or found[1]
         assert grid is not None
-        return Measured(
-            seconds=seconds,
-            source=grid.source,
-            extrapolated=beyond,
-            release=grid.release,
-            kernels=math.ceil(sum(g.share for g in op.gemms) - 1e-9),
-        )  # an MLP's activation: not timed
+        return Measured(seconds=seconds, source=grid.source, extrapolated=beyond, release=grid.release,
+                        untimed_kernels=op.untimed_kernels)  # fmt: skip

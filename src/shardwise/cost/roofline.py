@@ -88,8 +88,7 @@ def compute_cost(op: Compute, r: Rates, measured: Measured | None = None) -> OpC
     one = max(compute, memory) + launch
     bound = "launch" if launch > max(compute, memory) else ("compute" if compute > memory else "memory")
     if measured is not None:  # the table's time, and the least GPU time of any kernel of the op it does not time
-        untimed = 0 if measured.kernels is None else max(0, op.kernels - measured.kernels)
-        one = measured.seconds + untimed * r.kernel_gpu_s
+        one = measured.seconds + measured.untimed_kernels * r.kernel_gpu_s
         launch = min(launch, one)
     return OpCost(
         name=op.name, op_class=op.op_class, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
@@ -108,7 +107,7 @@ class Measured:
     source: str
     extrapolated: bool
     release: str  # the engine release that measured it
-    kernels: int | None = None  # kernels of the op the time covers; None: all of them
+    untimed_kernels: int = 0  # kernels of the op the table does not time (an MLP's activation between its GEMMs)
 
 
 def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None = None) -> OpCost:

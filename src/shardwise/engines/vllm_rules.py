@@ -13,7 +13,7 @@ from packaging.version import Version
 from shardwise.engines.base import Context, Rejection, Rule
 
 V034 = Version("0.34.0")  # the model runner's DBO exclusions
-V012 = Version("0.12.0")  # async scheduling's refusals below, read from the 0.10.2 and 0.11.0 wheels
+V0110 = Version("0.11.0")  # async scheduling's refusals below, read from the 0.10.2 and 0.11.0 wheels
 
 
 def moe_world(f: dict[str, Any]) -> int:
@@ -232,10 +232,10 @@ def dbo_runner(ctx: Context) -> Rejection | None:
 
 def async_scheduling_early(ctx: Context) -> Rejection | None:
     """Before async scheduling became vLLM's default it was experimental: --async-scheduling refused pipeline
-    parallelism and speculative decoding (EngineArgs.create_engine_config in the 0.10.2 and 0.11.0 wheels; the
-    releases between 0.11 and 0.33 are not read, so the rule stops at 0.11)."""
+    parallelism and speculative decoding (EngineArgs.create_engine_config in the 0.10.2 and 0.11.0 wheels; later
+    releases up to 0.33 are not read, so the rule stops at 0.11.0)."""
     f = ctx.flags
-    if not f.get("async_scheduling") or ctx.version >= V012:
+    if not f.get("async_scheduling") or ctx.version > V0110:
         return None
     if f["pipeline_parallel_size"] > 1:
         reason, error = (f"--async-scheduling with pipeline parallelism (pp {f['pipeline_parallel_size']})",

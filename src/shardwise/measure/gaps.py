@@ -23,6 +23,7 @@ from shardwise.spec.cluster import ClusterSpec, build_cluster
 LARGE_BATCH = 256  # running requests per rank from which per-request host work is a step's visible share
 REQUEST_HOST_S = (50e-6, 100e-6, 200e-6, 400e-6)  # per-request host times tried, doubling
 PREFILL_SCALES = (1.5, 2.0, 3.0, 4.0)  # prefill steps this many times their priced time, tried in turn
+DECODE_METRICS = ("output_tok_s", "tpot_ms")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +217,9 @@ def _host_per_request(c: Checked, metrics: list[str], siblings: list[Checked]) -
            "scheduler with the GPU (vLLM blog, 2026-02-01, gpt-oss optimizations on Blackwell)")  # fmt: skip
     if cluster is None:
         return Mechanism(name="host work per request", why=why)
-    measured = [m for m in METRICS if c.error(m) is not None]  # fitted to every metric the row measured
+    # fitted to the decode metrics the row measured: host time per decode step delays first tokens only by the
+    # decode steps a queued request waits out
+    measured = [m for m in DECODE_METRICS if c.error(m) is not None]
     best: tuple[float, float, Checked] | None = None
     for value in REQUEST_HOST_S:
         variant = check_row(c.row, cluster=_with(cluster, request_cpu_s=value))
@@ -260,12 +263,13 @@ def _prefill_under_load(c: Checked, metrics: list[str], siblings: list[Checked])
         best = (worst, scale, variant)
     if best is None or not _toward(c, best[2], metrics):
         return None
-    _, scale, variant = best
+    worst, scale, variant = best
     return Mechanism(
         name="prefill under load",
         why=f"the predicted time to first token is {-c.error('ttft_ms'):.0%} below the measured one: prefill steps "
-        f"taking about {scale:g}× their priced time would put the row here on every metric it measured (its "
-        "running requests wait out the longer prefills too); what would make them so slow is not priced (the "
+        f"taking about {scale:g}× their priced time bring the row closest on every metric it measured (worst error "
+        f"{worst:.0%}; its running requests wait out the longer prefills too); what would make them so slow is not "
+        "priced (the "
         "prefill kernels of the release measured, prefill attention on the roofline, the server taking in "
         "hundreds of requests at once)",
         predicted=_metrics(variant),

@@ -252,6 +252,7 @@ class StepModel:
                     dtype=m.dtype,
                     kernels=_gemm_kernels(m.name, self.model, phase),
                     gemms=() if _absorbed(m.name, self.model, phase) else m.gemms,
+                    untimed_kernels=int(m.name in ("dense_mlp", "shared_experts")),  # the activation
                     tokens=tokens,
                 )
             )

@@ -45,6 +45,7 @@ class Compute:
     mla_decode: MLADecodeShape | None = None  # absorbed MLA decode attention: likewise
     gqa_decode: GQADecodeShape | None = None  # multi-head / grouped-query decode attention: likewise
     gemms: tuple[GemmShape, ...] = ()  # dense projections: the GEMMs the op runs, likewise
+    untimed_kernels: int = 0  # kernels of a GEMM op that no GEMM table times (an MLP's activation)
     tokens: int = 0  # tokens the op processes per execution (what a measured table is looked up at)
     context: int = 0  # attention: tokens cached per request, this step's included (before any window)
 

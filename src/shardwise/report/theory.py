@@ -97,7 +97,7 @@ def _trust_line() -> str:
         f"How far to trust the numbers: on published runs of SGLang and vLLM the predictions err by a median of "
         f"{tok:.0%} in output tok/s, {tpot:.0%} in TPOT and {ttft:.0%} in TTFT (`shardwise validate`, which also says "
         "what could explain each run far from its prediction); under bursts of hundreds of requests TPOT and TTFT "
-        "come out low: the measured bursts fit prefill steps two to three times slower than priced."
+        "mostly come out low, and validate finds the gap in their prefill steps."
     )
 
 
