@@ -19,6 +19,7 @@ import itertools
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -266,6 +267,22 @@ def _ordered(releases: list[str], modelled: str) -> list[str]:
     return below + above
 
 
+def _row_sets(system: str, engine: str, release: str, table: str, key: str,
+              columns: tuple[str, ...], filters: tuple[tuple[str, str, object], ...]
+              ) -> Iterator[tuple[str, str, dict[str, np.ndarray]]]:  # fmt: skip
+    """(label, table release, rows) of every table that could hold a shape, in the order they are tried: the
+    user's folder first, then the package's; in each, the releases `_ordered` names. `table` is the file's path
+    under the system, <family>/{framework}/{release}/<file>; `key` names the row set in the cache (the package's
+    tables only)."""
+    family = table.split("/", 1)[0]
+    for label, root, kept in _roots():
+        for table_release in _ordered(_releases(root, system, family, engine), release):
+            path = root / system / table.format(framework=engine, release=table_release)
+            rows = _rows(path, f"{key}-{system}-{engine}-{table_release}" if kept else None, columns, filters)
+            if rows is not None:
+                yield label, table_release, rows
+
+
 @cache
 def moe_curve(gpu: str, engine: str, release: str, shape: MoEShape) -> Curve | None:
     """The measured routed-expert latency curve of `shape` on `gpu`, or None where no table holds it."""
@@ -274,28 +291,24 @@ def moe_curve(gpu: str, engine: str, release: str, shape: MoEShape) -> Curve | N
     dtype = cfg.moe.dtypes.get(shape.weight_format)
     if system is None or dtype is None:
         return None
-    for label, root, kept in _roots():
-        for table_release in _ordered(_releases(root, system, "moe", engine), release):
-            rows = _rows(root / system / cfg.moe.table.format(framework=engine, release=table_release),
-                         f"moe-{system}-{engine}-{table_release}-{dtype}-{shape.hidden}-{shape.experts}" if kept
-                         else None, MOE_COLUMNS, (("moe_dtype", "=", dtype), ("hidden_size", "=", shape.hidden),
-                                                  ("num_experts", "=", shape.experts)))  # fmt: skip
-            if rows is None:
-                continue
-            keep = (
-                (rows["inter_size"] == shape.inter)
-                & (rows["topk"] == shape.topk)
-                & (rows["moe_tp_size"] == shape.moe_tp)
-                & (rows["moe_ep_size"] == shape.moe_ep)
-                & (rows["distribution"] == cfg.moe.distribution)
-            )
-            if keep.sum() < 2:
-                continue
-            tokens, seconds = rows["num_tokens"][keep], rows["latency"][keep] / 1e3
-            tokens, first = np.unique(tokens, return_index=True)  # a repeated key: the first row, as the package does
-            kernel = str(rows["kernel_source"][keep][0])
-            source = f"{label} {system} {engine} {table_release} moe_perf ({kernel})"
-            return Curve(tokens=tokens.astype(float), seconds=seconds[first], source=source, release=table_release)
+    filters = (("moe_dtype", "=", dtype), ("hidden_size", "=", shape.hidden), ("num_experts", "=", shape.experts))
+    key = f"moe-{dtype}-{shape.hidden}-{shape.experts}"
+    for label, table_release, rows in _row_sets(system, engine, release, cfg.moe.table, key, MOE_COLUMNS,
+                                                filters):  # fmt: skip
+        keep = (
+            (rows["inter_size"] == shape.inter)
+            & (rows["topk"] == shape.topk)
+            & (rows["moe_tp_size"] == shape.moe_tp)
+            & (rows["moe_ep_size"] == shape.moe_ep)
+            & (rows["distribution"] == cfg.moe.distribution)
+        )
+        if keep.sum() < 2:
+            continue
+        tokens, seconds = rows["num_tokens"][keep], rows["latency"][keep] / 1e3
+        tokens, first = np.unique(tokens, return_index=True)  # a repeated key: the first row, as the package does
+        kernel = str(rows["kernel_source"][keep][0])
+        source = f"{label} {system} {engine} {table_release} moe_perf ({kernel})"
+        return Curve(tokens=tokens.astype(float), seconds=seconds[first], source=source, release=table_release)
     return None
 
 
@@ -330,21 +343,17 @@ def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) 
     kv_dtype = cfg.mla_decode.kv_dtypes.get(str(shape.kv_bytes))
     if system is None or kv_dtype is None:
         return None
-    for label, root, kept in _roots():
-        for table_release in _ordered(_releases(root, system, "mla", engine), release):
-            rows = _rows(root / system / cfg.mla_decode.table.format(framework=engine, release=table_release),
-                         f"mla-decode-{system}-{engine}-{table_release}-{kv_dtype}" if kept else None,
-                         MLA_COLUMNS, (("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16")))  # fmt: skip
-            if rows is None:
-                continue
-            keep = rows["num_heads"] == shape.heads
-            if keep.sum() < 4:
-                continue
-            kernel = str(rows["kernel_source"][keep][0])
-            source = f"{label} {system} {engine} {table_release} generation_mla_perf ({kernel})"
-            # `step` tokens were cached before this one
-            return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
-                         table_release)  # fmt: skip
+    filters = (("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16"))
+    for label, table_release, rows in _row_sets(system, engine, release, cfg.mla_decode.table,
+                                                f"mla-decode-{kv_dtype}", MLA_COLUMNS, filters):  # fmt: skip
+        keep = rows["num_heads"] == shape.heads
+        if keep.sum() < 4:
+            continue
+        kernel = str(rows["kernel_source"][keep][0])
+        source = f"{label} {system} {engine} {table_release} generation_mla_perf ({kernel})"
+        # `step` tokens were cached before this one
+        return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
+                     table_release)  # fmt: skip
     return None
 
 
@@ -379,16 +388,13 @@ def gemm_grid(gpu: str, engine: str, release: str, weight_format: str) -> Grid |
     dtype = cfg.gemm.dtypes.get(weight_format)
     if system is None or dtype is None or dtype in cfg.gemm.not_kernel_times.get(engine, ()):
         return None
-    for label, root, kept in _roots():
-        for table_release in _ordered(_releases(root, system, "gemm", engine), release):
-            rows = _rows(root / system / cfg.gemm.table.format(framework=engine, release=table_release),
-                         f"gemm-{system}-{engine}-{table_release}-{dtype}" if kept else None, GEMM_COLUMNS,
-                         (("gemm_dtype", "=", dtype),))  # fmt: skip
-            if rows is None or len(rows["m"]) < 8:
-                continue
-            kernels = ", ".join(sorted({str(k) for k in rows["kernel_source"]}))
-            source = f"{label} {system} {engine} {table_release} gemm_perf ({kernels})"
-            return _grid((rows["m"], rows["n"], rows["k"]), rows["latency"], source, table_release, scale_batch=False)
+    for label, table_release, rows in _row_sets(system, engine, release, cfg.gemm.table, f"gemm-{dtype}",
+                                                GEMM_COLUMNS, (("gemm_dtype", "=", dtype),)):  # fmt: skip
+        if len(rows["m"]) < 8:
+            continue
+        kernels = ", ".join(sorted({str(k) for k in rows["kernel_source"]}))
+        source = f"{label} {system} {engine} {table_release} gemm_perf ({kernels})"
+        return _grid((rows["m"], rows["n"], rows["k"]), rows["latency"], source, table_release, scale_batch=False)
     return None
 
 
@@ -403,26 +409,22 @@ def gqa_decode_grid(gpu: str, engine: str, release: str, shape: GQADecodeShape) 
     kv_dtype = cfg.gqa_decode.kv_dtypes.get(str(shape.kv_bytes))
     if system is None or kv_dtype is None:
         return None
-    for label, root, kept in _roots():
-        for table_release in _ordered(_releases(root, system, "attention", engine), release):
-            rows = _rows(root / system / cfg.gqa_decode.table.format(framework=engine, release=table_release),
-                         f"gqa-decode-{system}-{engine}-{table_release}-{kv_dtype}" if kept else None,
-                         GQA_COLUMNS, (("kv_cache_dtype", "=", kv_dtype), ("attn_dtype", "=", "bfloat16")))  # fmt: skip
-            if rows is None:
-                continue
-            keep = (
-                (rows["num_heads"] == shape.heads)
-                & (rows["num_key_value_heads"] == shape.kv_heads)
-                & (rows["head_dim"] == shape.head_dim)
-                & (rows["window_size"] == shape.window)
-            )
-            if keep.sum() < 4:
-                continue
-            kernel = str(rows["kernel_source"][keep][0])
-            source = f"{label} {system} {engine} {table_release} generation_attention_perf ({kernel})"
-            # `step` tokens were cached before this one; a window caps what is read, so its time stays flat
-            return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
-                         table_release, flat_from=shape.window + 1 if shape.window else None)  # fmt: skip
+    filters = (("kv_cache_dtype", "=", kv_dtype), ("attn_dtype", "=", "bfloat16"))
+    for label, table_release, rows in _row_sets(system, engine, release, cfg.gqa_decode.table,
+                                                f"gqa-decode-{kv_dtype}", GQA_COLUMNS, filters):  # fmt: skip
+        keep = (
+            (rows["num_heads"] == shape.heads)
+            & (rows["num_key_value_heads"] == shape.kv_heads)
+            & (rows["head_dim"] == shape.head_dim)
+            & (rows["window_size"] == shape.window)
+        )
+        if keep.sum() < 4:
+            continue
+        kernel = str(rows["kernel_source"][keep][0])
+        source = f"{label} {system} {engine} {table_release} generation_attention_perf ({kernel})"
+        # `step` tokens were cached before this one; a window caps what is read, so its time stays flat
+        return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
+                     table_release, flat_from=shape.window + 1 if shape.window else None)  # fmt: skip
     return None
 
 

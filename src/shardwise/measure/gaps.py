@@ -12,6 +12,7 @@ moves the prediction away from the measurement cannot explain the gap and is lef
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shardwise.hardware.calibration import Calibration
@@ -219,18 +220,9 @@ def _host_per_request(c: Checked, metrics: list[str], siblings: list[Checked]) -
         return Mechanism(name="host work per request", why=why)
     # fitted to the decode metrics the row measured: host time per decode step delays first tokens only by the
     # decode steps a queued request waits out
-    measured = [m for m in DECODE_METRICS if c.error(m) is not None]
-    best: tuple[float, float, Checked] | None = None
-    for value in REQUEST_HOST_S:
-        variant = check_row(c.row, cluster=_with(cluster, request_cpu_s=value))
-        errors = [variant.error(m) for m in measured]
-        if variant.simulated is None or any(e is None for e in errors):
-            break
-        worst = max(abs(e) for e in errors if e is not None)
-        if best is not None and worst >= best[0]:
-            break  # past the best value: the error only grows from here
-        best = (worst, value, variant)
-    if best is None or not _toward(c, best[2], metrics):
+    best = _closest(c, DECODE_METRICS, metrics, REQUEST_HOST_S,
+                    lambda v: check_row(c.row, cluster=_with(cluster, request_cpu_s=v)))  # fmt: skip
+    if best is None:
         return Mechanism(name="host work per request", why=why)
     _, value, variant = best
     return Mechanism(
@@ -250,18 +242,9 @@ def _prefill_under_load(c: Checked, metrics: list[str], siblings: list[Checked])
     sim = c.simulated
     if sim is None or sim.peak_running < LARGE_BATCH or "ttft_ms" not in metrics or not _slower(c, "ttft_ms"):
         return None
-    measured = [m for m in METRICS if c.error(m) is not None]
-    best: tuple[float, float, Checked] | None = None
-    for scale in PREFILL_SCALES:
-        variant = check_row(c.row, cluster=c.cluster, prefill_scale=scale)
-        errors = [variant.error(m) for m in measured]
-        if variant.simulated is None or any(e is None for e in errors):
-            break
-        worst = max(abs(e) for e in errors if e is not None)
-        if best is not None and worst >= best[0]:
-            break
-        best = (worst, scale, variant)
-    if best is None or not _toward(c, best[2], metrics):
+    best = _closest(c, METRICS, metrics, PREFILL_SCALES,
+                    lambda v: check_row(c.row, cluster=c.cluster, prefill_scale=v))  # fmt: skip
+    if best is None:
         return None
     worst, scale, variant = best
     return Mechanism(
@@ -269,14 +252,35 @@ def _prefill_under_load(c: Checked, metrics: list[str], siblings: list[Checked])
         why=f"the predicted time to first token is {-c.error('ttft_ms'):.0%} below the measured one: prefill steps "
         f"taking about {scale:g}× their priced time bring the row closest on every metric it measured (worst error "
         f"{worst:.0%}; its running requests wait out the longer prefills too); what would make them so slow is not "
-        "priced (the "
-        "prefill kernels of the release measured, prefill attention on the roofline, the server taking in "
+        "priced (the prefill kernels of the release measured, prefill attention on the roofline, the server taking in "
         "hundreds of requests at once)",
         predicted=_metrics(variant),
         siblings={
             s.row.id: check_row(s.row, cluster=s.cluster, prefill_scale=scale).error("output_tok_s") for s in siblings
         },  # fmt: skip
     )
+
+
+def _closest(c: Checked, fitted: tuple[str, ...], beyond_metrics: list[str], values: tuple[float, ...],
+             predict: Callable[[float], Checked]) -> tuple[float, float, Checked] | None:  # fmt: skip
+    """(worst error on the `fitted` metrics the row measured, value, the row predicted at it) for the one of
+    `values`, tried in order, that brings the row closest: the search stops once the worst error stops falling. None
+    when no value is priced or the closest one does not move every metric beyond the stated accuracy toward the
+    measurement."""
+    measured = [m for m in fitted if c.error(m) is not None]
+    best: tuple[float, float, Checked] | None = None
+    for value in values:
+        variant = predict(value)
+        errors = [variant.error(m) for m in measured]
+        if variant.simulated is None or any(e is None for e in errors):
+            break
+        worst = max(abs(e) for e in errors if e is not None)
+        if best is not None and worst >= best[0]:
+            break  # past the best value: the error only grows from here
+        best = (worst, value, variant)
+    if best is None or not _toward(c, best[2], beyond_metrics):
+        return None
+    return best
 
 
 _VARIANTS: dict[tuple, tuple[ClusterSpec, ClusterSpec]] = {}
