@@ -1,5 +1,11 @@
 """shardwise: what is the best way to serve this LLM on these GPUs, and why.
 
+The main job, as `shardwise theorise` does it (every argument optional; these are the defaults):
+
+    theory = theorise("kimi-k2.6", "8xrtx-pro-6000", engines=["sglang"], isl=1024, osl=1024)
+    theory.best                                # the winning Candidate: its setup, launch commands, predictions
+    theory.ranking, theory.explanation, theory.ceiling, theory.what_ifs, theory.winners
+
 The public API, one layer at a time:
 
     model = load_model("kimi-k2.6")            # or a config.json path, or a Hub id
@@ -18,6 +24,7 @@ The public API, one layer at a time:
 
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.cost.memory import MemoryLedger, memory_ledger
+from shardwise.decide.theory import Theory, theorise
 from shardwise.engines.check import check_command
 from shardwise.errors import DataError, ShardwiseError, SpecError
 from shardwise.hardware.collectives import Collective
@@ -49,6 +56,7 @@ __all__ = [
     "ShardwiseError",
     "SpecError",
     "StepTimes",
+    "Theory",
     "WeightLedger",
     "WorkloadSpec",
     "catalog",
@@ -62,5 +70,6 @@ __all__ = [
     "model_weights",
     "predict",
     "simulate",
+    "theorise",
     "weight_ledger",
 ]

@@ -208,6 +208,22 @@ def test_check_predicts_serving_figures_at_each_concurrency():
     assert many["bound"] == "kv_capacity"  # 64 clients of 2k tokens do not fit in the KV pool at once
 
 
+def test_check_shows_the_dcp_collectives_and_their_time():
+    command = ["--", "python", "-m", "sglang.launch_server", "--model-path", "moonshotai/Kimi-K2.6", "--tp-size", "8",
+               "--dcp-size", "4", "--attention-backend", "flashinfer", "--kv-cache-dtype", "fp8_e4m3",
+               "--mem-fraction-static", "0.85"]  # fmt: skip
+    payload = check_json("--concurrency", "1,64", *command)
+    listed = {c["where"]: c for c in payload["layout"]["collectives"]}
+    assert listed["DCP query gather"]["bytes_per_token"] == 32 * 576 * 2  # 8 heads per GPU × 4 ranks, latent + RoPE
+    one, many = (p["collectives_ms"] for p in payload["predicted"])
+    assert 0 < one["DCP query gather"] < many["DCP query gather"]  # 64 requests' queries take longer than one's
+    assert many["DCP partial outputs and LSE exchange"] > 0
+    result = runner.invoke(app, ["check", "--concurrency", "64", *command], env={"COLUMNS": "160"})
+    assert result.exit_code == 0
+    row = next(line for line in result.output.splitlines() if "DCP query gather" in line and "all_gather" not in line)
+    assert f"{many['DCP query gather']:,.2f}" in row
+
+
 def test_check_honours_cuda_graphs_in_the_command():
     base = [
         "python",

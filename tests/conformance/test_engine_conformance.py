@@ -76,6 +76,11 @@ def sglang_sizes(setup: Setup, resolved: dict) -> list[tuple[str, object, object
         ("dp_size", f["dp_size"], resolved["dp_size"]),
         ("page_size", f["page_size"], resolved["page_size"]),
         ("enable_dp_lm_head", bool(f.get("enable_dp_lm_head")), bool(resolved["enable_dp_lm_head"])),
+        (
+            "dcp_comm_backend",
+            setup.layout.dcp_comm if setup.layout else None,  # FlashInfer's a2a is an all-to-all
+            {"fi_a2a": "a2a"}.get(resolved["dcp_comm_backend"], resolved["dcp_comm_backend"]),
+        ),
     ]
 
 

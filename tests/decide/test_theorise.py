@@ -153,3 +153,14 @@ def test_a_benchmark_workload_simulates_the_best_setups_as_the_tool_sends_it():
     assert "--max-concurrency" not in bench and "--request-rate" not in bench  # the tool's default: all at once
     assert simulate[:2] == ["shardwise", "simulate"] and simulate[simulate.index("--lengths") + 1] == "sharegpt"
     assert simulate[simulate.index("--request-rate") + 1] == "inf"
+
+
+def test_the_package_answers_the_users_question_with_its_defaults(user_case):
+    import shardwise
+
+    theory = shardwise.theorise()  # the command's defaults: the user's case
+    assert isinstance(theory, shardwise.Theory)
+    assert theory.best.name == user_case.best.name and theory.best.launch == user_case.best.launch
+    line = str(theory.best)
+    assert line.startswith(theory.best.name) and " ".join(theory.best.launch) in line
+    assert f"{theory.best.peak.output_tok_s:,.0f} output tok/s at {theory.best.peak.concurrency} clients" in line

@@ -215,6 +215,8 @@ def check(
             report_table.print_renderable(
                 report_predictions.predictions_table(predicted, isl=isl, osl=osl, decode_only=decode_only)
             )
+            if any(report_predictions.collective_times_s(p) for p in predicted):
+                report_table.print_renderable(report_predictions.collectives_table(predicted))
         if simulated:
             title = f"simulated{', decode only (prompts cached)' if decode_only else ''}" + (
                 f", {lengths} lengths" if lengths else f", {isl} in / {osl} out"

@@ -36,6 +36,7 @@ from shardwise.cli.app import (
 )
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.rank import Objective
+from shardwise.decide.theory import SCREEN_LEVELS
 from shardwise.decide.theory import theorise as run_theorise
 from shardwise.engines.base import engine_names, get_engine
 from shardwise.engines.check import check_command, model_reference, without_speculative
@@ -143,7 +144,7 @@ def simulate(
         report_table.print_renderable(view)
 
 
-SCREEN_LEVELS = "1,2,4,8,16,32,64,128,256,512"
+LEVELS_TEXT = ",".join(map(str, SCREEN_LEVELS))
 
 
 @app.command()
@@ -159,7 +160,7 @@ def theorise(
     ] = None,
     concurrency: Annotated[
         str | None,
-        typer.Option(help=f"Clients to predict at, comma-separated (closed loop); default {SCREEN_LEVELS}."),
+        typer.Option(help=f"Clients to predict at, comma-separated (closed loop); default {LEVELS_TEXT}."),
     ] = None,
     lengths: LengthsOption = None,
     request_rate: RequestRateOption = None,
@@ -199,7 +200,7 @@ def theorise(
     if workload is not None:
         mean_in, mean_out = dataset(workload).means
         isl, osl = round(mean_in), round(mean_out)
-    levels = int_list(concurrency or SCREEN_LEVELS, "--concurrency")
+    levels = int_list(concurrency, "--concurrency") if concurrency else list(SCREEN_LEVELS)
     workloads = []
     if lengths is not None or request_rate is not None or num_prompts is not None or range_ratio is not None:
         lengths = lengths or workload  # a bundled set named either way is drawn from, request by request

@@ -61,6 +61,12 @@ class Candidate:
     def at(self, concurrency: int) -> Prediction:
         return next(p for p in self.predictions if p.concurrency == concurrency)
 
+    def __str__(self) -> str:
+        peak = self.peak
+        command = " ".join(self.launch) + (f" (and {len(self.launches) - 1} more nodes)" if self.node_launches else "")
+        return (f"{self.name}: {peak.output_tok_s:,.0f} output tok/s at {peak.concurrency} clients "
+                f"({peak.per_user_tok_s:,.1f} per user); start it with: {command}")  # fmt: skip
+
 
 @dataclass(frozen=True, kw_only=True)
 class Excluded:

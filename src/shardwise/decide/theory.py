@@ -28,11 +28,13 @@ from shardwise.engines.base import get_engine
 from shardwise.engines.check import model_reference
 from shardwise.engines.flags import HEAD_IP, command_text
 from shardwise.hardware.load import runtime
-from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.catalog import DEFAULT_MODEL, load_model
+from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import weight_ledger
 from shardwise.spec.workload import WorkloadSpec
 
+SCREEN_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # clients the steady-state screen predicts at by default
 PROMPTS_PER_CLIENT = 10  # benchmark requests per client: enough for the steady state to dominate the ramp
 
 
@@ -67,14 +69,14 @@ class Theory:
 
 
 def theorise(
-    model: ModelSpec,
-    cluster: ClusterSpec,
+    model: ModelSpec | str = DEFAULT_MODEL,
+    cluster: ClusterSpec | str = DEFAULT_CLUSTER,
     *,
-    model_ref: str,
-    engines: Sequence[str],
-    isl: int,
-    osl: int,
-    concurrency: Sequence[int],
+    model_ref: str | None = None,
+    engines: Sequence[str] = ("sglang",),
+    isl: int = 1024,
+    osl: int = 1024,
+    concurrency: Sequence[int] = SCREEN_LEVELS,
     objective: Objective = Objective.MAX_THROUGHPUT,
     tpot_s: float | None = None,
     ttft_s: float | None = None,
@@ -86,7 +88,15 @@ def theorise(
     progress: Callable[[int, int], None] | None = None,
 ) -> Theory:
     """Search, rank and explain; with `workloads` (a benchmark's loads, drawn from `lengths` or with `range_ratio`
-    as the command line asked), also simulate the best setups under them, and verify the best of those."""
+    as the command line asked), also simulate the best setups under them, and verify the best of those. `model` and
+    `cluster` are specs or the names `shardwise theorise` takes (a bundled name, a path, a Hub id; `model_ref` is
+    then the model's name in the launch commands); the defaults are the command's: the user's case on SGLang,
+    1024 in / 1024 out, 1 to 512 clients."""
+    if isinstance(model, str):
+        model_ref, model = model_ref or model, load_model(model)
+    if isinstance(cluster, str):
+        cluster = load_cluster(cluster)
+    model_ref = model_ref or model.name
     result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl, concurrency=concurrency,
                     version=version, progress=progress)  # fmt: skip
     ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)

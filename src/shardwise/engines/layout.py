@@ -5,7 +5,7 @@ A deployment is `replicas` independent copies; each copy is `pp` pipeline stages
 `attn_tp` GPUs (× `attn_cp` context-parallel ranks), and the MoE into `moe_dp` × `moe_ep` × `moe_tp`.
 Engines differ in how their flags map onto these numbers (SGLang carves everything out of `--tp-size`;
 vLLM multiplies `-tp` by `-dp`), not in what the numbers mean. From a Layout follow, engine-free: which
-GPUs form each group, how each component is split, and which collective runs where in a forward step.
+GPUs form each group and how each component is split (which collective runs where: ops/collectives.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Literal
 from pydantic import Field, computed_field
 
 from shardwise.frozen import Frozen
-from shardwise.hardware.collectives import Collective
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import Weight
 
@@ -114,6 +113,13 @@ class Layout(Frozen):
     attn_dp: int = Field(1, ge=1, description="attention data-parallel groups per stage (own batch and KV each)")
     attn_cp: int = Field(1, ge=1, description="attention context-parallel ranks (prefill)")
     dcp: int = Field(1, ge=1, description="decode context parallel: each request's KV interleaved over dcp ranks")
+    dcp_comm: Literal["a2a", "ag_rs"] = Field(
+        "ag_rs",
+        description="how DCP ranks combine partial attention outputs: one all-to-all with the LSE packed in, or "
+        "an all-gather of the LSE and a reduce-scatter of the outputs",
+    )
+    dcp_partial_bytes: int = Field(2, ge=1, description="bytes per element of the partial outputs reduce-scattered")
+    dcp_q_replicate: bool = Field(False, description="every DCP rank projects all query heads (no query gather)")
     moe_dp: int = Field(1, ge=1)
     moe_ep: int = Field(1, ge=1, description="expert-parallel width: experts divided over this many GPUs")
     dense_tp: int = Field(ge=1, description="TP width of dense MLP layers (1 = replicated on every GPU)")
@@ -327,145 +333,6 @@ def splits(layout: Layout, model: ModelSpec) -> list[Split]:
     if layout.pp > 1:
         parts.append(Split(component="decoder layers", ways=layout.pp, group="pp", how="contiguous layer ranges"))
     return parts
-
-
-# --- which collective runs where --------------------------------------------------------------------
-
-
-class CommStep(Frozen):
-    """One collective in a forward step: where, over which group, how often, and its bytes per token."""
-
-    where: str
-    op: Collective
-    group: str
-    group_size: int
-    per: Literal["layer", "moe_layer", "dense_layer", "step", "stage_boundary"]
-    count: int = 1
-    bytes_per_token: float = Field(description="message bytes per token of the batch on one GPU")
-
-
-def comm_steps(layout: Layout, model: ModelSpec) -> list[CommStep]:
-    """The collectives of one forward step (decode or prefill alike; sizes scale with the tokens)."""
-    h2 = model.hidden_size * 2  # activations travel in BF16
-    steps: list[CommStep] = []
-    if layout.attn_tp > 1:
-        steps.append(
-            CommStep(
-                where="attention output (o_proj)",
-                op=Collective.ALL_REDUCE,
-                group="attn_tp",
-                group_size=layout.attn_tp,
-                per="layer",
-                bytes_per_token=h2,
-            )
-        )
-    moe_width = layout.moe_ep * layout.moe_tp
-    if layout.attn_dp > 1 and layout.moe_comm != "all2all":
-        # an MLP split wider than attention sees the tokens of every attention-DP group: gather, then scatter back
-        for per, split in (
-            ("moe_layer", model.moe is not None and moe_width > 1),
-            ("dense_layer", bool(model.layer_mlp.count("dense")) and layout.dense_tp > 1),
-        ):
-            if split:
-                steps.append(
-                    CommStep(
-                        where="gather attention-DP tokens before the MLP",
-                        op=Collective.ALL_GATHER,
-                        group="stage",
-                        group_size=layout.stage_gpus,
-                        per=per,
-                        bytes_per_token=h2,
-                    )
-                )
-                steps.append(
-                    CommStep(
-                        where="reduce-scatter MLP output to attention-DP ranks",
-                        op=Collective.REDUCE_SCATTER,
-                        group="stage",
-                        group_size=layout.stage_gpus,
-                        per=per,
-                        bytes_per_token=h2,
-                    )
-                )
-    if model.moe and moe_width > 1:
-        if layout.moe_comm == "all2all":
-            top_k = model.moe.top_k
-            steps.append(
-                CommStep(
-                    where="MoE dispatch",
-                    op=Collective.ALL_TO_ALL,
-                    group="moe_ep",
-                    group_size=layout.moe_ep,
-                    per="moe_layer",
-                    bytes_per_token=h2 * top_k,
-                )
-            )
-            steps.append(
-                CommStep(
-                    where="MoE combine",
-                    op=Collective.ALL_TO_ALL,
-                    group="moe_ep",
-                    group_size=layout.moe_ep,
-                    per="moe_layer",
-                    bytes_per_token=h2 * top_k,
-                )
-            )
-        elif layout.attn_dp == 1:
-            steps.append(
-                CommStep(
-                    where="MoE output (partial sums over EP and MoE-TP)",
-                    op=Collective.ALL_REDUCE,
-                    group="stage",
-                    group_size=moe_width,
-                    per="moe_layer",
-                    bytes_per_token=h2,
-                )
-            )
-    if model.layer_mlp.count("dense") and layout.dense_tp > 1 and layout.attn_dp == 1:
-        steps.append(
-            CommStep(
-                where="dense MLP output",
-                op=Collective.ALL_REDUCE,
-                group="stage",
-                group_size=layout.dense_tp,
-                per="dense_layer",
-                bytes_per_token=h2,
-            )
-        )
-    if layout.lm_head_tp > 1:
-        steps.append(
-            CommStep(
-                where="embedding lookup (vocab-parallel)",
-                op=Collective.ALL_REDUCE,
-                group="stage",
-                group_size=layout.lm_head_tp,
-                per="step",
-                bytes_per_token=h2,
-            )
-        )
-        steps.append(
-            CommStep(
-                where="logits (vocab-parallel lm_head)",
-                op=Collective.ALL_GATHER,
-                group="stage",
-                group_size=layout.lm_head_tp,
-                per="step",
-                bytes_per_token=model.vocab_size * 2,
-            )
-        )
-    if layout.pp > 1:
-        steps.append(
-            CommStep(
-                where="activations to the next stage",
-                op=Collective.SEND_RECV,
-                group="pp",
-                group_size=2,
-                per="stage_boundary",
-                count=layout.pp - 1,
-                bytes_per_token=h2,
-            )
-        )
-    return steps
 
 
 _KV_MODELS: dict[tuple[int, str], tuple[ModelSpec, ModelSpec]] = {}

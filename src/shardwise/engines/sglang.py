@@ -258,6 +258,7 @@ def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
         attn_dp=f["attn_dp_size"],
         attn_cp=f["attn_cp_size"],
         dcp=f["dcp_size"],
+        **_dcp_comm(f),
         moe_dp=f["moe_dp_size"],
         moe_ep=f["ep_size"],
         dense_tp=1 if f.get("moe_dense_tp_size") == 1 else tp,
@@ -268,6 +269,17 @@ def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
         a2a_backend=f["moe_a2a_backend"],
         options=options,
     )
+
+
+def _dcp_comm(f: dict[str, Any]) -> dict[str, Any]:
+    """How DCP ranks combine their partial outputs. Unset, with DCP, SGLang picks an all-to-all on CUDA and ROCm
+    (FlashInfer's on SM100 where the DCP group fits in a node's TP ranks; an all-to-all either way); its
+    all-gather/reduce-scatter path casts the partials to FP32 (0.5.23 arg_groups/overrides.py
+    _dcp_comm_backend_default; layers/dcp/comm.py cp_lse_ag_out_rs_mla)."""
+    backend = f.get("dcp_comm_backend") or ("a2a" if f["dcp_size"] > 1 else "ag_rs")
+    ag_rs = backend == "ag_rs"
+    return {"dcp_comm": "ag_rs" if ag_rs else "a2a", "dcp_partial_bytes": 4 if ag_rs else 2,
+            "dcp_q_replicate": bool(f.get("dcp_replicate_q_proj"))}  # fmt: skip
 
 
 @register_engine("sglang")

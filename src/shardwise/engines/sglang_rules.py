@@ -345,9 +345,18 @@ def moe_dense_tp(ctx: Context) -> Rejection | None:
 
 def dcp_rules(ctx: Context) -> Rejection | None:
     f = ctx.flags
-    dcp = f["dcp_size"]
+    dcp, backend = f["dcp_size"], f.get("dcp_comm_backend")
+    hook = _src(ctx, "arg_groups/parallel_hook.py")
     if dcp == 1:
+        if backend in ("a2a", "fi_a2a") or f.get("dcp_replicate_q_proj"):
+            flag = f"--dcp-comm-backend {backend}" if backend in ("a2a", "fi_a2a") else "--dcp-replicate-q-proj"
+            return Rejection(rule="dcp_options_without_dcp", engine_error="ValueError", source=hook,
+                             reason=f"{flag} needs --dcp-size > 1 (it only changes decode CP)")  # fmt: skip
         return None
+    if f.get("dcp_replicate_q_proj") and backend == "ag_rs":
+        return Rejection(rule="dcp_replicate_q_needs_a2a", engine_error="ValueError", source=hook,
+                         reason="--dcp-replicate-q-proj only works with the a2a DCP backend, not "
+                         "--dcp-comm-backend ag_rs")  # fmt: skip
     if f["tp_size"] % dcp:
         return Rejection(
             rule="dcp_divides_tp",
@@ -361,7 +370,7 @@ def dcp_rules(ctx: Context) -> Rejection | None:
             rule="dcp_with_prefill_cp",
             reason="decode CP cannot be combined with --enable-prefill-cp",
             engine_error="ValueError",
-            source=_src(ctx, "arg_groups/parallel_hook.py"),
+            source=hook,
         )
     return None
 

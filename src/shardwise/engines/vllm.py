@@ -153,6 +153,8 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         attn_dp=dp if lockstep else 1,
         attn_cp=pcp,
         dcp=f["decode_context_parallel_size"],
+        dcp_comm=f.get("dcp_comm_backend") or "ag_rs",  # unset: all-gather + reduce-scatter (config/parallel.py)
+        dcp_q_replicate=bool(f.get("dcp_q_replicate")),
         moe_ep=world if ep else 1,
         dense_tp=tp,
         shared_tp=tp,

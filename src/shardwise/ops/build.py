@@ -13,9 +13,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from shardwise.engines.layout import Layout, comm_steps, groups, stage_layers, weight_ways, with_kv_dtype
+from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MoEShape
+from shardwise.ops.collectives import comm_steps
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
 from shardwise.spec.cluster import ClusterSpec
@@ -138,7 +139,7 @@ class StepModel:
         self._groups = groups(layout)
         self._stage_kinds = self._count_kinds()
         self._matrices, self._experts, self._head = self._read_weights()
-        self._comm = comm_steps(layout, model)
+        self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
 
     # --- set-up --------------------------------------------------------------------------------------
@@ -212,7 +213,8 @@ class StepModel:
                     rank_tokens=rank_tokens, stage_tokens=stage_tokens, new_tokens=new_tokens,
                     context=context_tokens,
                 )  # fmt: skip
-            out += self._comms(stage, kinds, rank_tokens=rank_tokens, stage_tokens=stage_tokens, sampled=sampled)
+            out += self._comms(stage, kinds, phase=phase, rank_tokens=rank_tokens, stage_tokens=stage_tokens,
+                               sampled=sampled, cached=rank_requests * context_tokens)  # fmt: skip
         out += self._ends(sampled=sampled, rank_tokens=rank_tokens)
         return out
 
@@ -375,21 +377,26 @@ class StepModel:
             tokens=tokens,
         )
 
-    def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, rank_tokens: int, stage_tokens: int,
-               sampled: int) -> list[Op]:  # fmt: skip
-        """The collectives of `comm_steps` that run on this stage: per layer kind, once per step (embedding
-        all-reduce on the first stage, logits all-gather of the sampled tokens on the last), and the hand-offs
-        between stages (counted on the first)."""
+    def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, phase: Phase, rank_tokens: int,
+               stage_tokens: int, sampled: int, cached: int) -> list[Op]:  # fmt: skip
+        """The collectives of `comm_steps` that run on this stage in this phase: per layer kind, once per step
+        (embedding all-reduce on the first stage, logits all-gather of the sampled tokens on the last), and the
+        hand-offs between stages (counted on the first). `cached` is the tokens the rank's requests hold already."""
         last = self.layout.pp - 1
         per_count = {
             "layer": sum(kinds.values()),
+            "attention_layer": sum(n for (attention, _), n in kinds.items() if attention != "linear"),
             "moe_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "moe"),
             "dense_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "dense"),
             "stage_boundary": self.layout.pp - 1 if stage == 0 else 0,
         }
         out: list[Op] = []
         for c in self._comm:
+            if c.phase is not None and c.phase != phase.value:
+                continue
             tokens = stage_tokens if c.group == "stage" and c.op is not Collective.ALL_TO_ALL else rank_tokens
+            if c.sized_by == "cached":
+                tokens = cached
             if c.per == "step":  # the logits gather runs where lm_head is, on the sampled tokens only
                 gather = c.op is Collective.ALL_GATHER
                 count, tokens = int(stage == (last if gather else 0)), sampled if gather else rank_tokens

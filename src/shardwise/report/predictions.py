@@ -33,7 +33,29 @@ def prediction_payload(p: Prediction) -> dict[str, Any]:
         "breakdown": {k: round(v * 1e3, 3) for k, v in p.breakdown_s.items()},
         "by_class_ms": {k: round(v * 1e3, 3) for k, v in p.decode.by_class_s().items()},
         "decode_coverage": p.decode.coverage,
+        "collectives_ms": {k: round(v * 1e3, 3) for k, v in collective_times_s(p).items()},
     }
+
+
+def collective_times_s(p: Prediction) -> dict[str, float]:
+    """Each collective's time in one decode step (all its layers, every stage), by where it runs."""
+    out: dict[str, float] = {}
+    for op in p.decode.ops:
+        if op.op_class.value == "comm":
+            out[op.name] = out.get(op.name, 0.0) + op.time_s
+    return out
+
+
+def collectives_table(predictions: list[Prediction]) -> Table:
+    """The collectives' share of a decode step at each concurrency."""
+    times = [collective_times_s(p) for p in predictions]
+    table = Table(title="collectives of one decode step, ms", title_justify="left")
+    table.add_column("where")
+    for p in predictions:
+        table.add_column(f"C={p.concurrency}", justify="right")
+    for name in dict.fromkeys(k for t in times for k in t):
+        table.add_row(name, *(f"{t.get(name, 0.0) * 1e3:,.2f}" for t in times))
+    return table
 
 
 def predictions_payload(predictions: list[Prediction]) -> list[dict[str, Any]]:

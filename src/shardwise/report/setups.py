@@ -11,7 +11,8 @@ from rich.text import Text
 from shardwise.cost.memory import MemoryLedger
 from shardwise.engines.base import Setup
 from shardwise.engines.flags import command_text
-from shardwise.engines.layout import Layout, comm_steps, groups, splits
+from shardwise.engines.layout import Layout, groups, splits
+from shardwise.ops.collectives import comm_steps
 from shardwise.spec.model import ModelSpec
 
 GiB = 2**30
@@ -192,22 +193,25 @@ def _collectives_table(layout: Layout, model: ModelSpec) -> Table:
         table.add_column(col, justify="right" if col in ("GPUs", "bytes/token") else "left")
     counts = {
         "layer": model.num_layers,
+        "attention_layer": sum(kind != "linear" for kind in model.layer_attention),
         "moe_layer": model.num_moe_layers,
         "dense_layer": model.num_layers - model.num_moe_layers,
         "step": 1,
         "stage_boundary": 1,
     }
-    for c in comm_steps(layout, model):
+    steps = comm_steps(layout, model)
+    for c in steps:
         per_pp = f" (÷{layout.pp} stages)" if layout.pp > 1 and c.per.endswith("layer") else ""
+        when = f" in {c.phase}" if c.phase else ""
         table.add_row(
             c.where,
             c.op.value,
             c.group,
             str(c.group_size),
-            f"{counts[c.per] * c.count} per step{per_pp}",
-            f"{c.bytes_per_token:,.0f}",
+            f"{counts[c.per] * c.count} per step{when}{per_pp}",
+            f"{c.bytes_per_token:,.0f}" + (" per cached token" if c.sized_by == "cached" else ""),
         )
-    if not comm_steps(layout, model):
+    if not steps:
         table.add_row("none: every GPU runs a whole copy", "", "", "", "", "")
     return table
 

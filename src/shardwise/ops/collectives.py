@@ -1,0 +1,160 @@
+"""Which collectives a forward step runs: over which group, how often, and how many bytes per token.
+
+One builder per parallel dimension (attention TP, attention DP, the MoE, dense MLPs, the vocabulary, decode context
+parallel, pipeline stages) reads the layout and the model and returns its collectives; `comm_steps` lists them all.
+Sizes follow nccl-tests: an all-gather's bytes are its gathered output, a reduce-scatter's its input, an
+all-to-all's one rank's send buffer. The link model (cost/comm.py) turns them into time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import Field
+
+from shardwise.engines.layout import Layout, with_kv_dtype
+from shardwise.frozen import Frozen
+from shardwise.hardware.collectives import Collective
+from shardwise.spec.model import ModelSpec
+
+ACT_BYTES = 2  # activations travel in BF16
+LSE_BYTES = 4  # a log-sum-exp per head and token, in FP32
+
+Per = Literal["layer", "attention_layer", "moe_layer", "dense_layer", "step", "stage_boundary"]
+
+
+class CommStep(Frozen):
+    """One collective in a forward step: where, over which group, how often, and its bytes per token."""
+
+    where: str
+    op: Collective
+    group: str
+    group_size: int
+    per: Per
+    count: int = 1
+    bytes_per_token: float = Field(description="message bytes per token of the batch on one GPU")
+    phase: Literal["decode", "prefill"] | None = Field(None, description="the only phase it runs in; None: both")
+    sized_by: Literal["new", "cached"] = Field(
+        "new", description="the tokens it scales with: the step's new tokens, or those already cached"
+    )
+
+
+def comm_steps(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    """The collectives of one forward step (sizes scale with the tokens; `phase` marks those of one phase)."""
+    return [step for build in BUILDERS for step in build(layout, model)]
+
+
+def _attention_tp(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    if layout.attn_tp == 1:
+        return []
+    h2 = model.hidden_size * ACT_BYTES
+    return [CommStep(where="attention output (o_proj)", op=Collective.ALL_REDUCE, group="attn_tp",
+                     group_size=layout.attn_tp, per="layer", bytes_per_token=h2)]  # fmt: skip
+
+
+def _attention_dp(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    """An MLP split wider than attention sees the tokens of every attention-DP group: gather, then scatter back."""
+    if layout.attn_dp == 1 or layout.moe_comm == "all2all":
+        return []
+    h2 = model.hidden_size * ACT_BYTES
+    split: list[Per] = []
+    if model.moe is not None and layout.moe_ep * layout.moe_tp > 1:
+        split.append("moe_layer")
+    if model.layer_mlp.count("dense") and layout.dense_tp > 1:
+        split.append("dense_layer")
+    return [
+        CommStep(where=where, op=op, group="stage", group_size=layout.stage_gpus, per=per, bytes_per_token=h2)
+        for per in split
+        for where, op in (("gather attention-DP tokens before the MLP", Collective.ALL_GATHER),
+                          ("reduce-scatter MLP output to attention-DP ranks", Collective.REDUCE_SCATTER))
+    ]  # fmt: skip
+
+
+def _moe(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    width = layout.moe_ep * layout.moe_tp
+    if model.moe is None or width == 1:
+        return []
+    h2 = model.hidden_size * ACT_BYTES
+    if layout.moe_comm == "all2all":  # every token goes to (and comes back from) the GPUs of its top-k experts
+        return [
+            CommStep(where=where, op=Collective.ALL_TO_ALL, group="moe_ep", group_size=layout.moe_ep,
+                     per="moe_layer", bytes_per_token=h2 * model.moe.top_k)
+            for where in ("MoE dispatch", "MoE combine")
+        ]  # fmt: skip
+    if layout.attn_dp > 1:  # the attention-DP reduce-scatter sums the partial outputs
+        return []
+    return [CommStep(where="MoE output (partial sums over EP and MoE-TP)", op=Collective.ALL_REDUCE, group="stage",
+                     group_size=width, per="moe_layer", bytes_per_token=h2)]  # fmt: skip
+
+
+def _dense_mlp(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    if not model.layer_mlp.count("dense") or layout.dense_tp == 1 or layout.attn_dp > 1:
+        return []
+    return [CommStep(where="dense MLP output", op=Collective.ALL_REDUCE, group="stage", group_size=layout.dense_tp,
+                     per="dense_layer", bytes_per_token=model.hidden_size * ACT_BYTES)]  # fmt: skip
+
+
+def _vocabulary(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    if layout.lm_head_tp == 1:
+        return []
+    return [
+        CommStep(where="embedding lookup (vocab-parallel)", op=Collective.ALL_REDUCE, group="stage",
+                 group_size=layout.lm_head_tp, per="step", bytes_per_token=model.hidden_size * ACT_BYTES),
+        CommStep(where="logits (vocab-parallel lm_head)", op=Collective.ALL_GATHER, group="stage",
+                 group_size=layout.lm_head_tp, per="step", bytes_per_token=model.vocab_size * ACT_BYTES),
+    ]  # fmt: skip
+
+
+def _decode_context_parallel(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    """DCP: each of `dcp` attention-TP ranks holds every dcp-th token of each request's KV. Every attention layer
+    gathers the group's queries (each rank then attends with all of them over its share of the KV, unless the
+    queries are projected on every rank) and combines the partial outputs by their log-sum-exp: one all-to-all of
+    outputs with the LSE packed in, or an all-gather of the LSE and a reduce-scatter of the outputs (SGLang
+    layers/dcp/comm.py all_gather_q_for_mla_decode, dcp_a2a_lse_reduce, cp_lse_ag_out_rs_mla; vLLM
+    v1/attention/ops/dcp.py cp_lse_ag_out_rs, dcp_a2a_lse_reduce). MLA attends in the latent space: its queries
+    are latent + RoPE wide, its outputs latent wide, and in prefill the ranks gather the cached prefix's latent KV
+    instead (SGLang all_gather_kv_cache_for_mla_extend; vLLM mla_attention.py kv_gather). GQA gathers queries in
+    prefill as in decode (vLLM flash_attn.py)."""
+    d = layout.dcp
+    if d == 1:
+        return []
+    att = model.attention
+    heads = att.num_heads / layout.attn_tp * d  # the query heads each rank attends with once gathered
+    mla = att.mla if att.kind == "mla" else None
+    q_width = mla.kv_lora_rank + mla.qk_rope_head_dim if mla else att.head_dim
+    out_width = mla.kv_lora_rank if mla else att.head_dim
+    phase = "decode" if mla else None
+
+    def step(where: str, op: Collective, bytes_per_token: float, **kw: object) -> CommStep:
+        return CommStep(where=where, op=op, group="attn_tp", group_size=d, per="attention_layer",
+                        bytes_per_token=bytes_per_token, **{"phase": phase, **kw})  # fmt: skip
+
+    steps = []
+    if not layout.dcp_q_replicate:
+        steps.append(step("DCP query gather", Collective.ALL_GATHER, heads * q_width * ACT_BYTES))
+    if layout.dcp_comm == "a2a":
+        steps.append(step("DCP partial outputs and LSE exchange", Collective.ALL_TO_ALL,
+                          heads * (out_width * ACT_BYTES + LSE_BYTES)))  # fmt: skip
+    else:
+        steps.append(step("DCP LSE gather", Collective.ALL_GATHER, d * heads * LSE_BYTES))
+        steps.append(step("DCP partial outputs reduce-scatter", Collective.REDUCE_SCATTER,
+                          heads * out_width * layout.dcp_partial_bytes))  # fmt: skip
+    if mla:
+        kv_bytes = with_kv_dtype(model, layout).kv_bytes_per_token_per_layer()  # the cache's own dtype
+        steps.append(step("DCP cached-prefix KV gather", Collective.ALL_GATHER, kv_bytes, phase="prefill",
+                          sized_by="cached"))  # fmt: skip
+    return steps
+
+
+def _pipeline(layout: Layout, model: ModelSpec) -> list[CommStep]:
+    if layout.pp == 1:
+        return []
+    h2 = model.hidden_size * ACT_BYTES
+    return [CommStep(where="activations to the next stage", op=Collective.SEND_RECV, group="pp", group_size=2,
+                     per="stage_boundary", count=layout.pp - 1, bytes_per_token=h2)]  # fmt: skip
+
+
+BUILDERS: tuple[Callable[[Layout, ModelSpec], list[CommStep]], ...] = (
+    _attention_tp, _attention_dp, _moe, _dense_mlp, _vocabulary, _decode_context_parallel, _pipeline,
+)  # fmt: skip
