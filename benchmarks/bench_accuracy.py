@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from shardwise.measure.accuracy import stated_median
 from shardwise.measure.reference import check_row, group_of_row, load_rows, summarise
+from shardwise.serve.accuracy import stated_median
 
 
 def main() -> None:

@@ -217,14 +217,15 @@ def test_vllm_034_sizes_the_extensible_cache_after_capture():
 
 def test_the_raised_fraction_keeps_what_sglang_reserves():
     """The largest fraction theorise tries leaves each GPU its activation peak, graphs, the CUDA-stack uncertainty
-    (1.79 GiB: one GPU's against several GPUs' measured stack) and attention DP's padding (512 × 8 × 4.5 MiB), then
-    takes SGLang's ×0.9097 for Kimi's vision tower."""
+    (1.79 GiB: one GPU's against several GPUs' measured stack) and attention DP's padding (512 × 8 × 4.5 MiB).
+    SGLang's ×0.9097 for Kimi's vision tower is not taken: the engine applies it to its own default only."""
     memory, setup = ledger("sglang", "--tp 8 --attn-dp-size 8 --ep 8 --disable-cuda-graph")
     row = memory.per_gpu[0]
     rt = row.runtime_bytes - 100 * 2**20  # the VLM cache is inside the fraction
     outside = row.activation_bytes + row.cuda_graph_bytes + 1.79 * GiB + 512 * 8 * 4.5 * 2**20
-    expected = (1 - outside / (row.capacity_bytes - rt)) * 0.95 * (1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1))
+    expected = 1 - outside / (row.capacity_bytes - rt)
     assert memory.largest_fraction == pytest.approx(expected, rel=1e-3)
+    assert setup.layout.options.fraction_scale == pytest.approx(0.95 * (1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1)))
 
 
 # --- sliding-window layers under vLLM's hybrid KV cache manager -----------------------------------------

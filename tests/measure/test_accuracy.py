@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardwise.measure.accuracy import accuracy
 from shardwise.measure.reference import check_row, load_rows, rank_agreement, summarise
+from shardwise.serve.accuracy import accuracy
 
 STATED_MEDIAN = {(s.group, s.metric): s.median for s in accuracy().stated}
 SLACK = 0.05

@@ -2,9 +2,9 @@
 
 import pytest
 
-from shardwise.measure.accuracy import stated_median
 from shardwise.measure.gaps import beyond, explain
 from shardwise.measure.reference import METRICS, check_row, group_of_row, load_rows
+from shardwise.serve.accuracy import stated_median
 
 
 @pytest.fixture(scope="module")

@@ -260,7 +260,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         ranks=layout.attn_dp * layout.replicas,
         largest_fraction=None
         if opts.activations_in_budget
-        else _largest_fraction(capacity, rt, act + graphs + opts.fraction_reserve_bytes) * opts.fraction_scale,
+        else _largest_fraction(capacity, rt, act + graphs + opts.fraction_reserve_bytes),
         warnings=tuple(_headroom_warnings(per_gpu) if verdict == "ok" else ())
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
@@ -407,8 +407,9 @@ def _verdict(
 def _largest_fraction(capacity: float, rt: float, outside: float) -> float:
     """The largest SGLang-style fraction (of the memory free before weights load) that leaves `outside` bytes
     (activation peak, CUDA graphs, and what the engine reserves for needs the ledger does not size) and the
-    uncertainty of the CUDA-stack estimate (the measured single- to multi-GPU spread) free on the GPU; the engine's
-    own multiplier for multimodal models is applied on top, as it applies it to its default."""
+    uncertainty of the CUDA-stack estimate (the measured single- to multi-GPU spread) free on the GPU. The engine's
+    own multiplier for multimodal models is not applied: SGLang applies it to its default only (arg_groups/
+    memory_hook.py adjust_mem_fraction_for_vlm), to keep room for the image encoder, which text requests do not run."""
     rt_model = runtime()
     band = rt_model.non_torch_multi_gpu.si("bytes") - rt_model.non_torch_single_gpu.si("bytes")
     return 1 - (outside + band) / (capacity - rt)

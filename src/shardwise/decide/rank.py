@@ -4,7 +4,9 @@ Objectives:
 - max-throughput: the most output tokens per second at any concurrency of the sweep;
 - max-throughput-under-slo: the same, counting only concurrencies whose TPOT (and TTFT) meet the limits;
 - min-latency: the fastest decode one client sees (output tokens per second per user at one request).
-Setups that predict within `TIE` of each other are ties: the model's own error is larger than that.
+Setups that predict within the model's stated error of each other (its median error in output tok/s on published
+runs, serve/accuracy.py) are ties. A tie is broken toward the engine's defaults: where the same layout with fewer
+non-default options predicts within that band of the best, it is recommended instead, and the ranking says so.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ from enum import Enum
 
 from shardwise.decide.search import Candidate
 from shardwise.errors import SpecError
+from shardwise.serve.accuracy import stated_median
 from shardwise.serve.steady import Prediction
 
-TIE = 0.02  # relative gap under which two predictions are reported as a tie
+
+def tie_band() -> float:
+    """The relative gap under which two predictions are a tie: the stated median error of output tok/s."""
+    return stated_median("plain", "output_tok_s") or 0.0
 
 
 class Objective(str, Enum):
@@ -39,17 +45,19 @@ class Ranking:
     unmet: tuple[Candidate, ...]  # setups that meet the SLO at no concurrency
     tpot_s: float | None = None
     ttft_s: float | None = None
+    band: float = 0.0  # relative gap under which two predictions are a tie
+    preferred_over: Score | None = None  # the top prediction, where a tie put the engine's defaults before it
 
     @property
     def best(self) -> Score | None:
         return self.scores[0] if self.scores else None
 
     def ties(self) -> tuple[Score, ...]:
-        """Setups within TIE of the best."""
+        """The other setups within the tie band of the top prediction."""
         if not self.scores:
             return ()
-        top = self.scores[0].value
-        return tuple(s for s in self.scores[1:] if s.value >= top * (1 - TIE))
+        top = max(s.value for s in self.scores)
+        return tuple(s for s in self.scores[1:] if s.value >= top * (1 - self.band))
 
 
 def rank(
@@ -69,7 +77,27 @@ def rank(
         else:
             scores.append(score)
     scores.sort(key=lambda s: (-s.value, s.candidate.gpus, s.candidate.name))
-    return Ranking(objective=objective, scores=tuple(scores), unmet=tuple(unmet), tpot_s=tpot_s, ttft_s=ttft_s)
+    band = tie_band()
+    default = _closest_to_defaults(scores, band)
+    top = scores[0] if scores else None
+    if default is not None and top is not None and default is not top:
+        scores.remove(default)
+        scores.insert(0, default)
+    return Ranking(objective=objective, scores=tuple(scores), unmet=tuple(unmet), tpot_s=tpot_s, ttft_s=ttft_s,
+                   band=band, preferred_over=top if default is not None and default is not top else None)  # fmt: skip
+
+
+def _closest_to_defaults(scores: list[Score], band: float) -> Score | None:
+    """The top setup's layout with the fewest non-default options (a subset of the top's) that predicts within
+    the tie band of it: the engine's defaults where the model cannot tell the options apart."""
+    if not scores or not scores[0].candidate.options:
+        return None
+    top = scores[0]
+    c, floor = top.candidate, top.value * (1 - band)
+    same = [s for s in scores if s.value >= floor and s.candidate.engine == c.engine
+            and s.candidate.layout.structure() == c.layout.structure()
+            and set(s.candidate.options) <= set(c.options)]  # fmt: skip
+    return min(same, key=lambda s: (len(s.candidate.options), -s.value))
 
 
 def _score(c: Candidate, objective: Objective, *, tpot_s: float | None, ttft_s: float | None) -> Score | None:
@@ -86,6 +114,32 @@ def _score(c: Candidate, objective: Objective, *, tpot_s: float | None, ttft_s: 
         return None
     best = max(usable, key=lambda p: p.output_tok_s)
     return Score(candidate=c, value=best.output_tok_s, at=best)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptionGain:
+    option: str  # one non-default option of the recommended setup
+    without: Score | None  # the same setup without it; None where that does not start or serve the workload
+
+    def gain(self, value: float) -> float | None:
+        """What the option buys: the recommended value over the value without it, less one."""
+        return value / self.without.value - 1 if self.without and self.without.value else None
+
+
+def option_gains(ranking: Ranking) -> list[OptionGain]:
+    """For each non-default option of the recommended setup, the same setup without it (its other options kept)."""
+    best = ranking.best
+    if best is None:
+        return []
+    c = best.candidate
+    out = []
+    for option in c.options:
+        rest = set(c.options) - {option}
+        without = next((s for s in ranking.scores if s.candidate.engine == c.engine
+                        and s.candidate.layout.structure() == c.layout.structure()
+                        and set(s.candidate.options) == rest), None)  # fmt: skip
+        out.append(OptionGain(option=option, without=without))
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

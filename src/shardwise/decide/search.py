@@ -51,6 +51,11 @@ class Candidate:
         return f"{self.engine} {self.layout.describe()}" + (f", {self.variant}" if self.variant else "")
 
     @property
+    def options(self) -> tuple[str, ...]:
+        """The engine options it sets beyond the layout ("CUDA graphs off", "FP8 KV cache", ...)."""
+        return tuple(self.variant.split(", ")) if self.variant else ()
+
+    @property
     def gpus(self) -> int:
         return self.layout.gpus_used
 

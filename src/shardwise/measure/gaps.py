@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from shardwise.hardware.calibration import Calibration
 from shardwise.hardware.kernel_tables import spec
-from shardwise.measure.accuracy import beyond_stated, older_than_modelled
 from shardwise.measure.reference import METRICS, Checked, check_row
+from shardwise.serve.accuracy import beyond_stated, older_than_modelled
 from shardwise.spec.cluster import ClusterSpec, build_cluster
 
 LARGE_BATCH = 256  # running requests per rank from which per-request host work is a step's visible share

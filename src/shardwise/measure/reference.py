@@ -25,8 +25,8 @@ from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
-from shardwise.measure.accuracy import GROUPS, group_of
 from shardwise.measure.importers import MeasuredLevel
+from shardwise.serve.accuracy import GROUPS, group_of
 from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec, load_cluster

@@ -12,13 +12,13 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.decide.rank import Objective
+from shardwise.decide.rank import Objective, option_gains
 from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
-from shardwise.measure.accuracy import stated_median
 from shardwise.report.predictions import PART_LABELS, prediction_payload
 from shardwise.report.simulation import short_load
+from shardwise.serve.accuracy import stated_median
 
 PART_NAMES = {
     "memory": "memory",
@@ -69,10 +69,11 @@ def narrative(t: Theory) -> list[str]:
         f"{ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
     )
     lines.append(_memory_line(c))
-    ties = t.ranking.ties()
+    lines += _defaults_lines(t)
+    ties = [s for s in t.ranking.ties() if s is not t.ranking.preferred_over]
     if ties:
-        lines.append("Within 2 % (a tie: far closer than the model's accuracy tells apart): " + "; ".join(
-            f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + ".")  # fmt: skip
+        lines.append(f"Within {t.ranking.band:.0%} of the top (a tie: the model's median error on published runs): "
+                     + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + ".")  # fmt: skip
     if t.ceiling:
         ce = t.ceiling
         lines.append(
@@ -86,6 +87,28 @@ def narrative(t: Theory) -> list[str]:
         lines.append("The best setup changes with load: " + "; ".join(
             f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers) + ".")  # fmt: skip
     lines.append(_trust_line())
+    return lines
+
+
+def _defaults_lines(t: Theory) -> list[str]:
+    """Where a tie put the engine's defaults first, and what each non-default option of the winner buys."""
+    win, lines = t.ranking.best, []
+    if win is None:
+        return lines
+    over = t.ranking.preferred_over
+    if over is not None:
+        lines.append(
+            f"Recommended over {over.candidate.name} ({over.value:,.0f}, {over.value / win.value - 1:+.1%}): within "
+            f"the model's {t.ranking.band:.0%} error, the setup closer to the engine's defaults wins the tie."
+        )
+    gains = option_gains(t.ranking)
+    if gains:
+        said = []
+        for g in gains:
+            gain = g.gain(win.value)
+            said.append(f"{g.option} {gain:+.0%} ({g.without.value:,.0f} without)" if gain is not None and g.without
+                        else f"{g.option} (without it the setup does not serve this workload)")  # fmt: skip
+        lines.append("Its options beyond the engine's defaults, and what each buys: " + "; ".join(said) + ".")
     return lines
 
 
@@ -106,22 +129,31 @@ def _memory_line(c: Candidate) -> str:
     row = max(c.memory.per_gpu, key=lambda r: r.weights_bytes + r.kv_bytes)
     opts = c.layout.options
     gib = 2**30
-    fraction = f"memory fraction {opts.memory_fraction:.3g}" if opts.memory_fraction is not None else "its memory rule"
+    fraction = f"memory fraction {opts.memory_fraction:.2f}" if opts.memory_fraction is not None else "its memory rule"
     return (
         f"Each GPU at {fraction}: weights {row.weights_bytes / gib:.1f} GiB, KV cache {row.kv_bytes / gib:.1f}, "
         f"CUDA stack and buffers {row.runtime_bytes / gib:.1f}, activation peak {row.activation_bytes / gib:.1f}, "
-        f"CUDA graphs {row.cuda_graph_bytes / gib:.1f}; {row.free_bytes / gib:.1f} GiB left over{_kept_for(opts)}."
+        f"CUDA graphs {row.cuda_graph_bytes / gib:.1f}; {row.free_bytes / gib:.1f} GiB left over"
+        f"{_kept_for(opts, raised='memory fraction' in c.variant)}."
     )
 
 
-def _kept_for(opts: Any) -> str:
-    """What the engine keeps the left-over memory for, where its fraction says so."""
+def _kept_for(opts: Any, *, raised: bool) -> str:
+    """What the left-over memory is kept for, where the fraction says so: the engine's padding of attention-DP
+    batches; at the engine's own default for a multimodal model, its image encoder; at a raised fraction, the
+    CUDA-stack estimate's uncertainty (and no image encoder: text requests)."""
     kept = []
     if opts.fraction_reserve_bytes:
         kept.append(f"attention DP's padded batches ({opts.fraction_reserve_bytes / 2**30:.1f} GiB)")
-    if opts.fraction_scale < 1:
+    if raised:
+        kept.append("the uncertainty of the CUDA-stack estimate")
+    elif opts.fraction_scale < 1:
         kept.append(f"images' activations (the engine's ×{opts.fraction_scale:.4f} for a multimodal model)")
-    return f", kept for {' and '.join(kept)}" if kept else ""
+    text = f", kept for {' and '.join(kept)}" if kept else ""
+    if raised and opts.fraction_scale < 1:
+        text += (f"; the engine's own default keeps back ×{opts.fraction_scale:.4f} of it for a multimodal model's "
+                 "image encoder, which text requests do not run: serving images, stay at the default")  # fmt: skip
+    return text
 
 
 def _slo_text(t: Theory) -> str:
