@@ -6,7 +6,7 @@ import pytest
 
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.ceiling import ceiling
-from shardwise.decide.rank import Objective, option_gains, pareto, rank, winners_by_concurrency
+from shardwise.decide.rank import Objective, knee, option_gains, pareto, rank, winners_by_concurrency
 from shardwise.decide.theory import theorise, would_fit
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
@@ -21,8 +21,7 @@ CLIENTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 def user_case():
     cluster = load_cluster("8xrtx-pro-6000")
     model = load_model("kimi-k2.6")
-    return theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=1024, osl=1024,
-                    concurrency=CLIENTS)  # fmt: skip
+    return theorise(model, cluster, model_ref="kimi-k2.6", engines=["sglang"], isl=1024, osl=1024)  # fmt: skip
 
 
 def test_the_winner_has_a_binding_constraint_and_a_command_that_starts(user_case):
@@ -175,6 +174,21 @@ def test_a_benchmark_workload_simulates_the_best_setups_as_the_tool_sends_it():
     assert "--max-concurrency" not in bench and "--request-rate" not in bench  # the tool's default: all at once
     assert simulate[:2] == ["shardwise", "simulate"] and simulate[simulate.index("--lengths") + 1] == "sharegpt"
     assert simulate[simulate.index("--request-rate") + 1] == "inf"
+
+
+def test_the_search_goes_on_until_every_kv_pool_binds(user_case):
+    levels = user_case.result.concurrency
+    assert list(levels[: len(CLIENTS)]) == CLIENTS  # the screen's levels, then doublings
+    assert all(b == 2 * a for a, b in zip(levels[len(CLIENTS) - 1 :], levels[len(CLIENTS) :], strict=False))
+    caps = [c.memory.max_concurrency(isl=1024, osl=1024) for c in user_case.result.candidates]
+    assert levels[-1] >= max(caps) > levels[-2]  # the last level is the first past the largest pool
+    for c in user_case.result.candidates:  # past its pool a setup runs no more at once: its throughput is flat
+        at_cap = [p.output_tok_s for p in c.predictions if p.running >= c.memory.max_concurrency(isl=1024, osl=1024)]
+        assert not at_cap or max(at_cap) == pytest.approx(c.peak.output_tok_s)
+    best = user_case.best
+    k, top = knee(best), best.peak.output_tok_s
+    assert k.output_tok_s >= 0.95 * top
+    assert all(p.output_tok_s < 0.95 * top for p in best.predictions if p.concurrency < k.concurrency)
 
 
 def test_the_package_answers_the_users_question_with_its_defaults(user_case):

@@ -160,7 +160,10 @@ def theorise(
     ] = None,
     concurrency: Annotated[
         str | None,
-        typer.Option(help=f"Clients to predict at, comma-separated (closed loop); default {LEVELS_TEXT}."),
+        typer.Option(
+            help=f"Clients to predict at, comma-separated (closed loop); default {LEVELS_TEXT} and on, "
+            "doubling, until every setup's KV pool binds."
+        ),
     ] = None,
     lengths: LengthsOption = None,
     request_rate: RequestRateOption = None,
@@ -200,7 +203,7 @@ def theorise(
     if workload is not None:
         mean_in, mean_out = dataset(workload).means
         isl, osl = round(mean_in), round(mean_out)
-    levels = int_list(concurrency, "--concurrency") if concurrency else list(SCREEN_LEVELS)
+    levels = int_list(concurrency, "--concurrency") if concurrency else None  # None: until saturation
     workloads = []
     if lengths is not None or request_rate is not None or num_prompts is not None or range_ratio is not None:
         lengths = lengths or workload  # a bundled set named either way is drawn from, request by request

@@ -17,13 +17,14 @@ from shardwise.cost.roofline import OpCost, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout
 from shardwise.hardware.load import overheads
 from shardwise.ops.build import StepModel
-from shardwise.ops.types import Compute, Phase
+from shardwise.ops.types import Comm, Compute, Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
 PARTS = ("compute", "memory", "comm", "launch", "host")
 # options that change what an op costs; the others size memory or decide how the host issues the kernels
 COST_OPTIONS = ("two_batch_overlap", "eplb", "kv_cache_dtype")
+REMEMBERED_OPS = 200_000  # distinct ops whose costs one cluster and engine release remember (a search: ~6,000)
 SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
 
 # id(model), id(cluster), … → (the objects the ids name, held so the ids cannot be reused, the remembered table)
@@ -147,6 +148,9 @@ class StepCostModel:
         self._comm_times = _shared_comm(self.cluster)
         self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._costs = _shared_costs(step_model.model, layout, self.cluster, tables)
+        # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
+        self._op_costs = _remembered(("op costs", id(self.cluster), layout.engine, layout.version, tables),
+                                     self.cluster)  # fmt: skip
 
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
         key = (phase, requests, new_tokens, context_tokens)
@@ -155,10 +159,7 @@ class StepCostModel:
             ops = self.step_model.ops(phase=phase, requests=requests, new_tokens=new_tokens,
                                       context_tokens=context_tokens)  # fmt: skip
             costs = self._costs[key] = tuple(
-                compute_cost(op, self.rates, self._measured.time(op))
-                if isinstance(op, Compute)
-                else comm_cost(op, self.cluster, self._comm_times)
-                for op in ops
+                self._compute_cost(op) if isinstance(op, Compute) else self._comm_cost(op) for op in ops
             )
         layout = self.step_model.layout
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
@@ -174,6 +175,20 @@ class StepCostModel:
                 stages=stages, release=layout.version,
             )  # fmt: skip
         return step
+
+    def _compute_cost(self, op: Compute) -> OpCost:
+        cost = self._op_costs.get(op)
+        if cost is None:
+            if len(self._op_costs) >= REMEMBERED_OPS:
+                self._op_costs.clear()
+            cost = self._op_costs[op] = compute_cost(op, self.rates, self._measured.time(op))
+        return cost
+
+    def _comm_cost(self, op: Comm) -> OpCost:
+        cost = self._op_costs.get(op)
+        if cost is None:
+            cost = self._op_costs[op] = comm_cost(op, self.cluster, self._comm_times)
+        return cost
 
     def _stage(self, stage: int, costs: list[OpCost], graphed: bool, per_request: float = 0.0) -> StageCost:
         """One stage's time: its GPU work, and the host's where it is longer. `per_request` is the scheduler's work

@@ -116,6 +116,15 @@ def _score(c: Candidate, objective: Objective, *, tpot_s: float | None, ttft_s: 
     return Score(candidate=c, value=best.output_tok_s, at=best)
 
 
+KNEE = 0.05  # the knee: the least load within this share of a setup's most throughput
+
+
+def knee(c: Candidate) -> Prediction:
+    """The lowest concurrency at which a setup's throughput is within KNEE of its most."""
+    top = c.peak.output_tok_s
+    return min((p for p in c.predictions if p.output_tok_s >= top * (1 - KNEE)), key=lambda p: p.concurrency)
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptionGain:
     option: str  # one non-default option of the recommended setup

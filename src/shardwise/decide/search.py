@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
 from typing import Any
 
@@ -55,7 +56,7 @@ class Candidate:
         """The engine options it sets beyond the layout ("CUDA graphs off", "FP8 KV cache", ...)."""
         return tuple(self.variant.split(", ")) if self.variant else ()
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         return self.layout.gpus_used
 
@@ -99,12 +100,16 @@ class SearchResult:
     engines: tuple[str, ...] = field(default_factory=tuple)
 
 
+MAX_LEVEL = 65_536  # the most clients a saturating search goes to
+
+
 class _Search:
     def __init__(self, model: ModelSpec, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int,
                  concurrency: Sequence[int]) -> None:  # fmt: skip
         self.model, self.model_ref, self.cluster = model, model_ref, cluster
         self.isl, self.osl, self.concurrency = isl, osl, tuple(concurrency)
         self.candidates: list[Candidate] = []
+        self.pending: list[tuple[Engine, Setup, tuple[str, ...], MemoryLedger, str]] = []
         self.excluded: dict[str, Excluded] = {}
         self._seen: set[tuple[str, tuple[int, ...], str]] = set()
 
@@ -201,13 +206,26 @@ class _Search:
         return True
 
     def _add(self, engine: Engine, setup: Setup, launch: tuple[str, ...], memory: MemoryLedger, variant: str) -> None:
-        assert setup.layout is not None
-        predictor = Predictor(self.model, setup.layout, self.cluster, memory)
-        predictions = tuple(predictor.sweep(self.concurrency, isl=self.isl, osl=self.osl))
-        self.candidates.append(
-            Candidate(engine=engine.name, variant=variant, setup=setup, layout=setup.layout, launch=launch,
-                      memory=memory, predictions=predictions, node_launches=self._node_launches(engine, setup))
-        )  # fmt: skip
+        self.pending.append((engine, setup, launch, memory, variant))
+
+    def predict(self, *, saturate: bool) -> None:
+        """Predict every setup that serves at every level; with `saturate`, the levels go on doubling until every
+        setup's KV pool binds (beyond it a setup runs no more requests at once, and gains no throughput)."""
+        if saturate and self.pending:
+            most = max(memory.max_concurrency(isl=self.isl, osl=self.osl) for *_, memory, _ in self.pending)
+            levels = list(self.concurrency)
+            while levels and levels[-1] < min(most, MAX_LEVEL):
+                levels.append(levels[-1] * 2)
+            self.concurrency = tuple(levels)
+        for engine, setup, launch, memory, variant in self.pending:
+            assert setup.layout is not None
+            predictor = Predictor(self.model, setup.layout, self.cluster, memory)
+            predictions = tuple(predictor.sweep(self.concurrency, isl=self.isl, osl=self.osl))
+            self.candidates.append(
+                Candidate(engine=engine.name, variant=variant, setup=setup, layout=setup.layout, launch=launch,
+                          memory=memory, predictions=predictions, node_launches=self._node_launches(engine, setup))
+            )  # fmt: skip
+        self.pending = []
 
     def _launch(self, engine: Engine, setup: Setup) -> tuple[str, ...]:
         return tuple(
@@ -249,16 +267,19 @@ def search(
     concurrency: Sequence[int],
     version: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    saturate: bool = False,
 ) -> SearchResult:
     """Predict every setup of `engines` that serves `model` on `cluster`; list the others with their reasons.
-    `progress(done, total)` is called as setups are considered."""
+    `progress(done, total)` is called as setups are considered. With `saturate`, the concurrency levels go on
+    doubling past the last one given until every setup's KV pool binds."""
     state = _Search(model, model_ref, cluster, isl=isl, osl=osl, concurrency=concurrency)
     plan = [item for name in engines for item in state.plan(name, version if len(engines) == 1 else None)]
     for n, (engine, given, v, tried) in enumerate(plan, start=1):
         state.consider(engine, given, v, hand_tried=tried)
         if progress:
             progress(n, len(plan))
+    state.predict(saturate=saturate)
     return SearchResult(
-        model=model, model_ref=model_ref, cluster=cluster, isl=isl, osl=osl, concurrency=tuple(concurrency),
+        model=model, model_ref=model_ref, cluster=cluster, isl=isl, osl=osl, concurrency=state.concurrency,
         candidates=tuple(state.candidates), excluded=tuple(state.excluded.values()), engines=tuple(engines),
     )  # fmt: skip

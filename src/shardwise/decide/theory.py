@@ -76,7 +76,7 @@ def theorise(
     engines: Sequence[str] = ("sglang",),
     isl: int = 1024,
     osl: int = 1024,
-    concurrency: Sequence[int] = SCREEN_LEVELS,
+    concurrency: Sequence[int] | None = None,
     objective: Objective = Objective.MAX_THROUGHPUT,
     tpot_s: float | None = None,
     ttft_s: float | None = None,
@@ -91,14 +91,16 @@ def theorise(
     as the command line asked), also simulate the best setups under them, and verify the best of those. `model` and
     `cluster` are specs or the names `shardwise theorise` takes (a bundled name, a path, a Hub id; `model_ref` is
     then the model's name in the launch commands); the defaults are the command's: the user's case on SGLang,
-    1024 in / 1024 out, 1 to 512 clients."""
+    1024 in / 1024 out, 1 to 512 clients and on, doubling, until every setup's KV pool binds (given levels are
+    used as they are)."""
     if isinstance(model, str):
         model_ref, model = model_ref or model, load_model(model)
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
     model_ref = model_ref or model.name
-    result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl, concurrency=concurrency,
-                    version=version, progress=progress)  # fmt: skip
+    result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl,
+                    concurrency=SCREEN_LEVELS if concurrency is None else concurrency, version=version,
+                    progress=progress, saturate=concurrency is None)  # fmt: skip
     ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
     winners = winners_by_concurrency(result.candidates)
     benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None

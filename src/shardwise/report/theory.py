@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.decide.rank import Objective, option_gains
+from shardwise.decide.rank import KNEE, Objective, knee, option_gains
 from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
@@ -68,6 +68,8 @@ def narrative(t: Theory) -> list[str]:
         f"tokens); each output token takes {p.tpot_s * 1e3:.1f} ms: {parts} ms. A decode step spends "
         f"{ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
     )
+    if t.ranking.objective is not Objective.MIN_LATENCY:
+        lines.append(_saturation_line(t, c))
     lines.append(_memory_line(c))
     lines += _defaults_lines(t)
     ties = [s for s in t.ranking.ties() if s is not t.ranking.preferred_over]
@@ -88,6 +90,21 @@ def narrative(t: Theory) -> list[str]:
             f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers) + ".")  # fmt: skip
     lines.append(_trust_line())
     return lines
+
+
+def _saturation_line(t: Theory, c: Candidate) -> str:
+    """Where the winner's throughput stops rising, and the knee: the least load within KNEE of it."""
+    peak, k, cap = c.peak, knee(c), c.memory.max_concurrency(isl=t.result.isl, osl=t.result.osl)
+    levels = t.result.concurrency
+    if peak.concurrency == levels[-1] and peak.running < cap:
+        where = (f"It is still rising at {peak.concurrency} clients, the most asked for (its KV pool holds {cap:,} "
+                 "requests at once)")  # fmt: skip
+    elif peak.running >= cap:
+        where = f"Its throughput stops rising at {peak.concurrency} clients: its KV pool holds {cap:,} requests at once"
+    else:
+        where = f"Its throughput peaks at {peak.concurrency} clients, before its KV pool ({cap:,} requests) binds"
+    return (f"{where}; it is within {KNEE:.0%} of its most from {k.concurrency} clients ({k.output_tok_s:,.0f} tok/s, "
+            f"{k.per_user_tok_s:,.1f} per user, {k.tpot_s * 1e3:,.0f} ms per token).")  # fmt: skip
 
 
 def _defaults_lines(t: Theory) -> list[str]:
