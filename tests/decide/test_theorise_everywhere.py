@@ -30,6 +30,25 @@ def test_every_model_gets_an_answer(gpus):
         assert checked.setup.valid, f"{name} on {gpus}: {t.best.name} would not start"
         assert payload["best"]["launch"] == list(t.best.launch)
         assert t.explanation is not None and t.explanation.bound
+        if t.ceiling is not None:  # the speed of light bounds every setup that starts
+            assert all(c.peak.output_tok_s < t.ceiling.output_tok_s for c in t.result.candidates), name
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus"),
+    [
+        ("llama-3.1-8b", "1xh100"),
+        ("qwen3-30b-a3b", "1xh100"),
+        ("gpt-oss-120b", "1xh100"),
+        ("qwen3-235b-a22b", "8xh100"),
+    ],  # fmt: skip
+)
+def test_no_setup_beats_the_speed_of_light_at_saturation(name, gpus):
+    """Both engines, every option (FP8 KV, the window vLLM keeps of sliding layers), every load up to the pools."""
+    t = theorise(name, gpus, engines=["sglang", "vllm"])
+    assert t.ceiling is not None
+    worst = max(t.result.candidates, key=lambda c: c.peak.output_tok_s)
+    assert worst.peak.output_tok_s < t.ceiling.output_tok_s, worst.name
 
 
 def test_the_command_on_two_infiniband_nodes():

@@ -13,6 +13,13 @@ gives the request its first token; in the time a request takes, every running re
                        tokens; a request's own prefill is in its TTFT)
     e2e (closed loop)= C × osl / output_tok_s,   TTFT = e2e − (osl − 1) × TPOT  (≥ one prefill)
 
+Where the engine runs prefills first and alone (SGLang), identical requests stay in waves: the running requests
+finish together, their successors arrive together, and the whole wave is prefilled (W = running × prefill per
+request, in batches of one prefill step each) before any of them decodes. A request then waits for the prefill
+batches ahead of its own (TTFT = (W + one batch) / 2 on average) and the rest of the wave's prefill falls
+between its first and second token: TPOT = decode_cycle + (W − TTFT) / (osl − 1). Throughput is the same. When
+more clients wait than the KV pool holds, they are admitted one by one as room frees up: no waves.
+
 Decode-only (prompts already in the KV cache, as decode benchmarks run): no prefills, every token from a cycle,
 output_tok_s = running / decode_cycle and TPOT = decode_cycle.
 
@@ -78,17 +85,25 @@ class Predictor:
         decode = self.steps.decode(running, isl + osl // 2)
         cycle = decode.cycle_s / decode.tokens  # per output token
         parts = {k: v / decode.tokens for k, v in decode.parts_s.items()}
-        per_request, alone = (0.0, cycle) if decode_only else self._prefill(isl, running)
+        per_request, alone, batch = (0.0, cycle, 0.0) if decode_only else self._prefill(isl, running)
         # a request's first token comes from its prefill, the other osl − 1 from decode cycles; in that time
         # every running request is replaced once, so `running` prefills fall between the cycles. Decode-only:
         # the prompt is cached, every token comes from a decode cycle and no prefill runs.
         steps = max(1, osl - 1)
         cycles = osl if decode_only else osl - 1
         throughput = running * osl / (cycles * cycle + running * per_request)
-        tpot = cycle + (running - 1) * per_request / steps
+        if decode_only or self.layout.options.scheduler.mixed_batches or concurrency > cap:
+            # prefills spread between every request's tokens: the engine mixes them in, or requests queue for KV
+            # room and are admitted one by one as it frees up
+            first, between = alone, (running - 1) * per_request
+        else:  # waves: the whole wave's prefill, the batches before a request's own in its TTFT, the rest after
+            wave = running * per_request
+            first = max(alone, (wave + batch) / 2)
+            between = max(0.0, wave - first)
+        tpot = cycle + between / steps
         e2e = concurrency * osl / throughput
-        ttft = max(alone, e2e - (osl - 1) * tpot)
-        breakdown = {**parts, "prefill": (running - 1) * per_request / steps}
+        ttft = max(first, e2e - (osl - 1) * tpot)
+        breakdown = {**parts, "prefill": between / steps}
         bound = max(breakdown, key=breakdown.__getitem__)
         return Prediction(
             concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
@@ -100,13 +115,15 @@ class Predictor:
     def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:
         return [self.predict(concurrency=c, isl=isl, osl=osl, decode_only=decode_only) for c in concurrencies]
 
-    def _prefill(self, isl: int, running: int) -> tuple[float, float]:
+    def _prefill(self, isl: int, running: int) -> tuple[float, float, float]:
         """(prefill time per request when each rank batches prefills up to its chunk, one request's prefill
-        alone). Attention-DP ranks and replicas prefill their own requests in the same step."""
-        ranks = max(1, self.memory.ranks)
+        alone, the time of one such batch). Attention-DP ranks and replicas prefill their own requests in the
+        same step."""
+        ranks = max(1, min(self.memory.ranks, running))  # ranks with a request to prefill
         alone = self._prefill_chunks(1, isl, ranks=1)
         together = max(1, min(math.ceil(running / ranks), self.chunk // max(1, isl)))
-        return self._prefill_chunks(together, isl, ranks=ranks) / (together * ranks), alone
+        batch = self._prefill_chunks(together, isl, ranks=ranks)
+        return batch / (together * ranks), alone, batch
 
     def _prefill_chunks(self, per_rank: int, isl: int, *, ranks: int) -> float:
         """Time to prefill `per_rank` requests of `isl` tokens on each of `ranks` ranks, chunk by chunk."""
