@@ -56,7 +56,9 @@ class MemoryLedger(Frozen):
     verdict: Literal["ok", "oom", "no_kv_room"]
     reason: str | None = None
     engine_error: str | None = None
-    per_gpu: tuple[GpuMemory, ...]
+    stages: tuple[GpuMemory, ...] = Field(description="one row per pipeline stage (its first GPU): a stage's GPUs "
+                                          "hold the same")  # fmt: skip
+    gpu_stages: tuple[int, ...] = Field(description="the stage of each GPU the layout uses, in GPU order")
     weights_by_component_bytes: dict[str, float] = Field(description="on the fullest GPU")
     kv_bytes_per_token: float = Field(description="per GPU, for the stage with the most layers")
     kv_tokens_per_rank: int = Field(description="tokens one attention-DP rank's pool holds")
@@ -77,6 +79,11 @@ class MemoryLedger(Frozen):
         "inside the fraction",
     )
     warnings: tuple[str, ...] = ()
+
+    @property
+    def per_gpu(self) -> tuple[GpuMemory, ...]:
+        """Every GPU's row (built when asked for: a search keeps thousands of ledgers of up to 64 GPUs each)."""
+        return tuple(self.stages[stage].model_copy(update={"gpu": gpu}) for gpu, stage in enumerate(self.gpu_stages))
 
     def request_tokens(self, context_tokens: float | np.ndarray) -> float | np.ndarray:
         """Pool tokens one request of `context_tokens` holds (fewer than its tokens where sliding-window layers
@@ -237,7 +244,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     caching = [c for c in cells if c > 0]  # a stage of linear-attention layers only caches no tokens
     tokens = min(int(kv // c) // page * page for c in caching) * layout.dcp if kv > 0 and caching else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
-    per_gpu = _per_gpu(layout, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
+    rows, gpu_stages = _per_stage(layout, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
     window_tokens, full_share = _window_kept(model, layout, ranges[worst])
     verdict, reason, error = _verdict(
         layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells),
@@ -248,7 +255,8 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         verdict=verdict,
         reason=reason,
         engine_error=error,
-        per_gpu=tuple(per_gpu),
+        stages=tuple(rows),
+        gpu_stages=gpu_stages,
         weights_by_component_bytes=stage_components[worst],
         kv_bytes_per_token=max(cells),
         kv_tokens_per_rank=tokens,
@@ -261,7 +269,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         largest_fraction=None
         if opts.activations_in_budget
         else _largest_fraction(capacity, rt, act + graphs + opts.fraction_reserve_bytes),
-        warnings=tuple(_headroom_warnings(per_gpu) if verdict == "ok" else ())
+        warnings=tuple(_headroom_warnings(rows) if verdict == "ok" else ())
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
     )
@@ -329,26 +337,18 @@ def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, r
     return pool - act
 
 
-def _per_gpu(
+def _per_stage(
     layout: Layout, capacity: float, stage_weights: list[float], kv: float, rt: float, act: float, graphs: float
-) -> list[GpuMemory]:
-    rows = []
+) -> tuple[list[GpuMemory], tuple[int, ...]]:
+    """One row per pipeline stage (numbered by its first GPU), and the stage of every GPU in GPU order."""
     stage_of = {g: i % layout.pp for i, gpus in enumerate(groups(layout)["stage"]) for g in gpus}
-    for gpu in sorted(stage_of):
-        stage = stage_of[gpu]
-        rows.append(
-            GpuMemory(
-                gpu=gpu,
-                stage=stage,
-                capacity_bytes=capacity,
-                weights_bytes=stage_weights[stage],
-                kv_bytes=kv,
-                runtime_bytes=rt,
-                activation_bytes=act,
-                cuda_graph_bytes=graphs,
-            )
-        )
-    return rows
+    gpu_stages = tuple(stage_of[g] for g in sorted(stage_of))
+    rows = [
+        GpuMemory(gpu=gpu_stages.index(stage), stage=stage, capacity_bytes=capacity, weights_bytes=stage_weights[stage],
+                  kv_bytes=kv, runtime_bytes=rt, activation_bytes=act, cuda_graph_bytes=graphs)
+        for stage in range(layout.pp)
+    ]  # fmt: skip
+    return rows, gpu_stages
 
 
 def _verdict(

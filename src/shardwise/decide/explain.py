@@ -57,7 +57,7 @@ def explain(ranking: Ranking) -> Explanation | None:
     win = ranking.best
     if win is None:
         return None
-    step = win.at.decode
+    step = win.candidate.step_at(win.at.concurrency)
     comm = [op for op in step.ops if op.op_class is OpClass.COMM and not op.hidden]
     best_of: dict[str, Score] = {}
     for s in ranking.scores:
@@ -103,7 +103,7 @@ def _reasons(theirs: Prediction, ours: Prediction, c: Candidate, w: Candidate) -
 
 def _say(part: str, delta: float, p: Prediction, c: Candidate) -> str:
     more = f"{delta * 1e3:.2f} ms more per output token"
-    step = p.decode
+    step = c.step_at(p.concurrency)
     if part == "comm":
         ops = [op for op in step.ops if op.op_class is OpClass.COMM and not op.hidden]
         n, t = sum(op.count for op in ops), sum(op.time_s for op in ops)

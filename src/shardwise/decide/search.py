@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import combinations
 from typing import Any
 
 from shardwise.cost.memory import MemoryLedger, memory_ledger
+from shardwise.cost.step import StepCost
 from shardwise.engines.base import Engine, Setup, get_engine
 from shardwise.engines.check import model_reference
 from shardwise.engines.flags import command_text
 from shardwise.engines.layout import Layout
 from shardwise.serve.steady import Prediction, Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
@@ -37,10 +39,25 @@ class Candidate:
     variant: str  # "" for the engine's defaults, else the option variant ("CUDA graphs off", …)
     setup: Setup
     layout: Layout
-    launch: tuple[str, ...]  # node 0's command
     memory: MemoryLedger
     predictions: tuple[Prediction, ...]
-    node_launches: tuple[tuple[str, ...], ...] = ()  # one command per node, where the setup spans several
+    model_ref: str  # the model as the commands name it
+    remote_code: bool = False  # the commands pass --trust-remote-code
+    priced_by: tuple[ModelSpec, ClusterSpec, int, int] | None = field(default=None, repr=False, compare=False)
+    # (model, cluster, isl, osl) of the search: what `priced` needs to price its steps again
+
+    @cached_property
+    def launch(self) -> tuple[str, ...]:
+        """Node 0's command (rendered when asked for: a search keeps thousands of setups, reports show a few)."""
+        engine = get_engine(self.engine)
+        return tuple(engine.launch_command(self.setup, model_ref=self.model_ref, remote_code=self.remote_code))
+
+    @cached_property
+    def node_launches(self) -> tuple[tuple[str, ...], ...]:
+        """One command per node, where the setup spans several; else none."""
+        engine = get_engine(self.engine)
+        commands = engine.launch_commands(self.setup, model_ref=self.model_ref, remote_code=self.remote_code)
+        return tuple(tuple(c) for c in commands) if len(commands) > 1 else ()
 
     @property
     def launches(self) -> tuple[tuple[str, ...], ...]:
@@ -66,6 +83,21 @@ class Candidate:
 
     def at(self, concurrency: int) -> Prediction:
         return next(p for p in self.predictions if p.concurrency == concurrency)
+
+    def priced(self, concurrencies: Sequence[int] | None = None) -> tuple[Prediction, ...]:
+        """Its predictions (at `concurrencies`, default all) with each decode step's ops: a search keeps only the
+        figures of thousands of setups, and a report asks for the ops of a few."""
+        levels = [p.concurrency for p in self.predictions] if concurrencies is None else list(concurrencies)
+        if self.priced_by is None or all(p.decode is not None for p in self.predictions):
+            return tuple(self.at(c) for c in levels)
+        model, cluster, isl, osl = self.priced_by
+        return tuple(Predictor(model, self.layout, cluster, self.memory).sweep(levels, isl=isl, osl=osl))
+
+    def step_at(self, concurrency: int) -> StepCost:
+        """The decode step at one of its concurrencies, with its ops."""
+        step = self.priced([concurrency])[0].decode
+        assert step is not None
+        return step
 
     def __str__(self) -> str:
         peak = self.peak
@@ -109,7 +141,7 @@ class _Search:
         self.model, self.model_ref, self.cluster = model, model_ref, cluster
         self.isl, self.osl, self.concurrency = isl, osl, tuple(concurrency)
         self.candidates: list[Candidate] = []
-        self.pending: list[tuple[Engine, Setup, tuple[str, ...], MemoryLedger, str]] = []
+        self.pending: list[tuple[Engine, Setup, MemoryLedger, str]] = []
         self.excluded: dict[str, Excluded] = {}
         self._seen: set[tuple[str, tuple[int, ...], str]] = set()
 
@@ -122,9 +154,9 @@ class _Search:
 
     def consider(self, engine: Engine, given: dict[str, Any], version: Any, *, hand_tried: bool) -> None:
         setup = engine.setup(given, model=self.model, cluster=self.cluster, version=version)
-        launch = self._launch(engine, setup)
         if not setup.valid or setup.layout is None:
             first = setup.rejections[0]
+            launch = self._launch(engine, setup)
             self._exclude(engine.name, launch, None, "invalid", first.reason, first.engine_error, hand_tried)
             return
         layout = setup.layout
@@ -133,8 +165,9 @@ class _Search:
             why = f"starts on {setup.gpus_used} of the {self.cluster.num_gpus} GPUs"
             if memory.verdict != "ok":
                 why += f", and even so: {memory.reason}"
-            self._exclude(engine.name, launch, layout.describe(), "idle_gpus" if memory.verdict == "ok" else
-                          memory.verdict, why, memory.engine_error, hand_tried)  # fmt: skip
+            verdict = "idle_gpus" if memory.verdict == "ok" else memory.verdict
+            self._exclude(engine.name, self._launch(engine, setup), layout.describe(), verdict, why,
+                          memory.engine_error, hand_tried)  # fmt: skip
             return
         key = (engine.name, layout.structure(), "")
         if key in self._seen:
@@ -152,7 +185,7 @@ class _Search:
             for v_label, v_setup, v_ledger in self._with_raised_fraction(engine, label, {**given, **options},
                                                                           variant, v_memory, version):  # fmt: skip
                 if v_ledger.verdict == "ok" and self._holds(v_setup.layout, v_ledger):
-                    self._add(engine, v_setup, self._launch(engine, v_setup), v_ledger, v_label)
+                    self.pending.append((engine, v_setup, v_ledger, v_label))
                     added += 1
                 elif v_ledger.verdict == "ok" and started is None:
                     started = (v_setup, v_ledger)
@@ -205,9 +238,6 @@ class _Search:
             return False
         return True
 
-    def _add(self, engine: Engine, setup: Setup, launch: tuple[str, ...], memory: MemoryLedger, variant: str) -> None:
-        self.pending.append((engine, setup, launch, memory, variant))
-
     def predict(self, *, saturate: bool) -> None:
         """Predict every setup that serves at every level; with `saturate`, the levels go on doubling until every
         setup's KV pool binds (beyond it a setup runs no more requests at once, and gains no throughput)."""
@@ -217,13 +247,24 @@ class _Search:
             while levels and levels[-1] < min(most, MAX_LEVEL):
                 levels.append(levels[-1] * 2)
             self.concurrency = tuple(levels)
-        for engine, setup, launch, memory, variant in self.pending:
+        ref = model_reference(self.model_ref)
+        shared: dict[str, StepTimes] = {}  # by the layout without its memory fraction: the fraction costs nothing
+        for engine, setup, memory, variant in self.pending:
             assert setup.layout is not None
-            predictor = Predictor(self.model, setup.layout, self.cluster, memory)
-            predictions = tuple(predictor.sweep(self.concurrency, isl=self.isl, osl=self.osl))
+            costs = setup.layout.model_copy(update={"options": setup.layout.options.model_copy(
+                update={"memory_fraction": None})}).model_dump_json()  # fmt: skip
+            steps = shared.get(costs)
+            if steps is None:
+                shared.clear()  # variants of one layout are considered together
+                steps = shared[costs] = StepTimes(self.model, setup.layout, self.cluster)
+            predictor = Predictor(self.model, setup.layout, self.cluster, memory, steps=steps)
+            # the figures only: each decode step's ops are priced again for the few setups a report explains
+            predictions = tuple(replace(p, decode=None) for p in predictor.sweep(self.concurrency, isl=self.isl,
+                                                                                  osl=self.osl))  # fmt: skip
             self.candidates.append(
-                Candidate(engine=engine.name, variant=variant, setup=setup, layout=setup.layout, launch=launch,
-                          memory=memory, predictions=predictions, node_launches=self._node_launches(engine, setup))
+                Candidate(engine=engine.name, variant=variant, setup=setup, layout=setup.layout, memory=memory,
+                          predictions=predictions, model_ref=ref, remote_code=self.model.remote_code,
+                          priced_by=(self.model, self.cluster, self.isl, self.osl))
             )  # fmt: skip
         self.pending = []
 
@@ -231,11 +272,6 @@ class _Search:
         return tuple(
             engine.launch_command(setup, model_ref=model_reference(self.model_ref), remote_code=self.model.remote_code)
         )
-
-    def _node_launches(self, engine: Engine, setup: Setup) -> tuple[tuple[str, ...], ...]:
-        commands = engine.launch_commands(setup, model_ref=model_reference(self.model_ref),
-                                          remote_code=self.model.remote_code)  # fmt: skip
-        return tuple(tuple(c) for c in commands) if len(commands) > 1 else ()
 
     def _exclude(self, engine: str, launch: tuple[str, ...], layout: str | None, verdict: str, reason: str,
                  error: str | None, tried: bool) -> None:  # fmt: skip

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from shardwise.cost.step import StepCost
 from shardwise.serve.steady import Prediction
 
 PART_LABELS = {
@@ -31,16 +32,22 @@ def prediction_payload(p: Prediction) -> dict[str, Any]:
         "ttft_ms": round(p.ttft_s * 1e3, 2),
         "bound": p.bound,
         "breakdown": {k: round(v * 1e3, 3) for k, v in p.breakdown_s.items()},
-        "by_class_ms": {k: round(v * 1e3, 3) for k, v in p.decode.by_class_s().items()},
-        "decode_coverage": p.decode.coverage,
+        "by_class_ms": {k: round(v * 1e3, 3) for k, v in _step(p).by_class_s().items()},
+        "decode_coverage": _step(p).coverage,
         "collectives_ms": {k: round(v * 1e3, 3) for k, v in collective_times_s(p).items()},
     }
+
+
+def _step(p: Prediction) -> StepCost:
+    if p.decode is None:  # a search's figures: Candidate.priced() prices the steps again
+        raise ValueError(f"the prediction at {p.concurrency} clients has no decode step; price it with its setup")
+    return p.decode
 
 
 def collective_times_s(p: Prediction) -> dict[str, float]:
     """Each collective's time in one decode step (all its layers, every stage), by where it runs."""
     out: dict[str, float] = {}
-    for op in p.decode.ops:
+    for op in _step(p).ops:
         if op.op_class.value == "comm":
             out[op.name] = out.get(op.name, 0.0) + op.time_s
     return out

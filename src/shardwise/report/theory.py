@@ -375,7 +375,7 @@ def _candidate_payload(c: Candidate, isl: int, osl: int) -> dict[str, Any]:
         "kv_tokens": c.memory.kv_tokens_total,
         "max_concurrency": c.memory.max_concurrency(isl=isl, osl=osl),
         "bound": c.peak.bound,
-        "predicted": [prediction_payload(p) for p in c.predictions],
+        "predicted": [prediction_payload(p) for p in c.priced()],
     }
 
 

@@ -53,7 +53,7 @@ class Prediction:
     tpot_s: float
     ttft_s: float
     bound: str  # compute | memory | comm | launch | host | pipeline | prefill, or kv_capacity when queueing
-    decode: StepCost  # one decode step (one micro-batch with PP)
+    decode: StepCost | None  # one decode step (one micro-batch with PP); None where a search keeps only the figures
     cycle_s: float  # time per output token of every running request, prefills excluded
     prefill_per_token_s: float  # other requests' prefill time between two of one request's tokens
     breakdown_s: dict[str, float] = field(default_factory=dict)  # parts of one token's time: sums to tpot_s
@@ -71,9 +71,12 @@ class Predictor:
         memory: MemoryLedger,
         *,
         accept_length: float | None = None,
+        steps: StepTimes | None = None,
     ) -> None:
+        """`steps`: the step times of a layout that costs the same (one that differs only in how memory is sized),
+        to share what they have priced."""
         self.layout, self.memory = layout, memory
-        self.steps = StepTimes(model, layout, cluster, accept_length=accept_length)
+        self.steps = steps or StepTimes(model, layout, cluster, accept_length=accept_length)
         self.chunk = self.layout.options.chunked_prefill_tokens or 8192
         self._prefills: dict[tuple[int, int, int], float] = {}
 
