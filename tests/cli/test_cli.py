@@ -139,6 +139,12 @@ def test_check_json_for_a_valid_and_an_invalid_command():
     assert {"verdict", "gpus_used", "gpus_available", "reason", "effective_flags"} <= set(data)
 
 
+def test_check_takes_the_command_quoted_as_one_argument():
+    """People paste the command in quotes: it is the same command."""
+    words = [*LAUNCH, "--tp", "8", "--ep", "8", "--mem-fraction-static", "0.85"]
+    assert check_json(" ".join(words)) == check_json("--", *words)
+
+
 def test_check_tp4_ep2_is_an_oom_on_half_the_gpus():
     result = runner.invoke(app, ["check", "--", *LAUNCH, "--tp-size", "4", "--ep-size", "2"])
     assert result.exit_code == 1

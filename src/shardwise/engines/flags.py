@@ -216,6 +216,8 @@ def split_command(command: list[str] | str) -> tuple[str, dict[str, str], list[s
     """(engine, environment assignments, the flags after the launcher) of a launch command."""
     try:
         tokens = shlex.split(command) if isinstance(command, str) else list(command)
+        if len(tokens) == 1 and any(c.isspace() for c in tokens[0]):  # the whole command quoted as one argument
+            tokens = shlex.split(tokens[0])
     except ValueError as exc:  # an unclosed quote
         raise SpecError(f"cannot read the launch command ({exc}); close its quotes, e.g. 'a b' or \"a b\"") from exc
     env: dict[str, str] = {}

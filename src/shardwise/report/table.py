@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+import shlex
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
 from shardwise.cost.comm import CollectiveCost
+from shardwise.engines.flags import command_text
 from shardwise.hardware.profile import GpuProfile
 from shardwise.spec.catalog import CatalogEntry
 from shardwise.spec.cluster import ClusterSpec
@@ -166,6 +169,43 @@ def cluster_view(cluster: ClusterSpec, costs: list[CollectiveCost], sizes: list[
     for (label, n), row in by_row.items():
         table.add_row(label, str(n), *(format_time(c.time_s) for c in row), row[0].method)
     return Group(Text.from_markup("\n".join(lines)), table)
+
+
+class ShellLine:
+    """A shell line that pastes whole at any width: a command wraps at the console's width with backslash
+    continuations (an option stays beside its value; no word is split), a comment stays as it is."""
+
+    def __init__(self, line: str, *, indent: int = 2) -> None:
+        self.line, self.indent = line, indent
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        pad = " " * self.indent
+        for text in shell_wrap(self.line, options.max_width - self.indent):
+            yield Text(pad + text, no_wrap=True, overflow="ignore")
+
+
+def shell_wrap(line: str, width: int) -> list[str]:
+    """`line` as shell lines of at most `width` characters where the words allow, joined by `\\` (a word longer
+    than the width gets a line of its own, whole). Continuations are indented by four spaces."""
+    if line.startswith("#") or len(line) <= width:
+        return [line]
+    words = [command_text([w]) for w in shlex.split(line)]
+    units: list[str] = []  # an option with its value, or a word
+    for word in words:
+        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    lines, current = [], ""
+    for unit in units:
+        lead = "    " if lines else ""
+        if current and len(lead + current + " " + unit + " \\") > width:
+            lines.append(lead + current + " \\")
+            current = unit
+        else:
+            current = f"{current} {unit}" if current else unit
+    lines.append(("    " if lines else "") + current)
+    return lines
 
 
 def print_renderable(renderable: object, *, console: Console | None = None) -> None:

@@ -18,6 +18,7 @@ from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
 from shardwise.report.predictions import PART_LABELS, prediction_payload
 from shardwise.report.simulation import short_load
+from shardwise.report.table import ShellLine
 from shardwise.serve.accuracy import stated_median
 
 PART_NAMES = {
@@ -223,7 +224,7 @@ def theory_view(t: Theory, *, top: int) -> Group:
     parts.append(_excluded_table(t))
     if t.verify:
         parts.append(Text("Start it and check it:", style="bold"))
-        parts += [Text("  " + line) for line in t.verify_lines()]
+        parts += [ShellLine(line) for line in t.verify_lines()]
     return Group(*parts)
 
 
