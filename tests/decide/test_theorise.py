@@ -121,6 +121,12 @@ def test_what_ifs_are_priced(user_case):
     assert nvlink.gain > 1  # removing the PCIe all-reduce cost can only help
     assert any(label.startswith("twice the GPUs") for label in labels)
     assert "DFlash drafting" in labels and labels["DFlash drafting"].gain is None  # needs --accept-length
+    # two-batch overlap runs each MoE layer once per half of the batch, reading the experts twice, and without an
+    # all-to-all backend hides none of Kimi's collectives: it can only lose
+    tbo = labels["two-batch overlap"]
+    assert tbo.output_tok_s is not None and tbo.gain < 1.0
+    assert "need NVLink" in labels["DeepEP all-to-all"].note and labels["DeepEP all-to-all"].gain is None
+    assert labels["DeepEP all-to-all, two-batch overlap"].note == "refused, as above"
 
 
 def test_when_nothing_fits_it_says_what_would():

@@ -127,3 +127,36 @@ def test_sglang_refuses_dcp_options_it_cannot_use(flags, rule):
     command = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --tp-size 8 " + flags
     checked = check_command(command, cluster=load_cluster("8xh200"))
     assert rule in [r.rule for r in checked.setup.rejections]
+
+
+def _tbo(lay: Layout) -> Layout:
+    return lay.model_copy(update={"options": lay.options.model_copy(update={"two_batch_overlap": True})})
+
+
+@pytest.mark.parametrize("requests", [8 * 64, 8 * 65, 8])
+def test_two_batch_overlap_runs_each_moe_layer_once_per_half(requests):
+    """SGLang halves the requests (two_batch_overlap.py compute_split_seq_index: one request does not split) and
+    runs each MoE layer once per half, its dense layers whole (deepseek_v2.py): each half reads the experts
+    again and gathers its own tokens. Only an all-to-all's dispatch and combine hide behind the other half's
+    compute (operations_strategy.py); attention DP's gathers of the all-reduce path do not (Kimi's layers)."""
+    model, cluster = load_model("kimi-k2.6"), load_cluster("8xrtx-pro-6000")
+    per_rank = requests // 8
+    halves = 2 if per_rank >= 2 else 1
+    half = -(-per_rank // halves)  # the larger half
+    for plain in (sglang(attn_dp=8, moe_ep=8), sglang(attn_dp=8, moe_ep=8, moe_comm="all2all", shared_tp=1)):
+        one, two = (
+            StepModel(model, lay, cluster).ops(phase=Phase.DECODE, requests=requests, new_tokens=1, context_tokens=2048)
+            for lay in (plain, _tbo(plain))
+        )
+        experts = [next(o for o in ops if o.name == "routed experts") for ops in (one, two)]
+        assert experts[1].count == halves * experts[0].count == halves * 60
+        assert experts[1].tokens == half * 8  # every DP rank's tokens of one half
+        dense = [next(o for o in ops if o.name.startswith("dense_mlp")) for ops in (one, two)]
+        assert dense[0] == dense[1]  # the dense layer runs whole
+        moe_comms = [o for o in two if isinstance(o, Comm) and o.count == halves * 60]
+        assert moe_comms
+        for c in moe_comms:
+            before = next(o for o in one if isinstance(o, Comm) and o.name == c.name)
+            assert c.size_bytes == pytest.approx(before.size_bytes * half / per_rank)
+            assert c.overlapped == (halves == 2 and c.collective is Collective.ALL_TO_ALL)
+        assert any(c.collective is Collective.ALL_TO_ALL for c in moe_comms) == (plain.moe_comm == "all2all")

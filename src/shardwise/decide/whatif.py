@@ -45,8 +45,41 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
         note="two copies behind a router; a wider layout may do better: search it with --gpus "
         f"2x{result.cluster.gpus_per_node}x{result.cluster.gpu.name}",
     ))  # fmt: skip
+    if result.model.moe is not None:
+        engine = get_engine(win.candidate.engine)
+        seen: set[str] = set()
+        for label, opts in engine.what_if_options:
+            if all(win.candidate.setup.given.get(k) == v for k, v in opts.items()):
+                continue
+            w = _engine_option(result, win.candidate, engine, label, opts, base)
+            if w.output_tok_s is None and w.note in seen:
+                w = WhatIf(label=label, setup=None, output_tok_s=None, gain=None, note="refused, as above")
+            seen.add(w.note)
+            out.append(w)
     out += _speculative(result, win.candidate, base, accept_length)
     return [w for w in out if w is not None]
+
+
+def _engine_option(result: SearchResult, winner: Candidate, engine: Engine, label: str, options: dict[str, Any],
+                   base: float) -> WhatIf:  # fmt: skip
+    """The winner's command with `options` added, as the engine would take it."""
+    setup = engine.setup({**winner.setup.given, **options}, model=result.model, cluster=result.cluster,
+                         version=engine.version(winner.setup.version))  # fmt: skip
+    if not setup.valid or setup.layout is None:
+        return WhatIf(label=label, setup=None, output_tok_s=None, gain=None,
+                      note=f"the engine refuses it: {setup.rejections[0].reason}")  # fmt: skip
+    memory = memory_ledger(result.model, setup.layout, result.cluster)
+    if memory.max_concurrency(isl=result.isl, osl=result.osl) < 1:
+        why = memory.reason or "no KV room for one request"
+        return WhatIf(label=label, setup=None, output_tok_s=None, gain=None,
+                      note=f"it does not serve this workload: {why}")  # fmt: skip
+    sweep = Predictor(result.model, setup.layout, result.cluster, memory).sweep(result.concurrency, isl=result.isl,
+                                                                               osl=result.osl)  # fmt: skip
+    peak = max(sweep, key=lambda p: p.output_tok_s)
+    name = ", ".join(filter(None, [f"{winner.engine} {setup.layout.describe()}", winner.variant, label]))
+    return WhatIf(label=label, setup=name, output_tok_s=peak.output_tok_s,
+                  gain=peak.output_tok_s / base,
+                  note=f"peak at {peak.concurrency} clients, {peak.running} running")  # fmt: skip
 
 
 def _labels(variant: str) -> set[str]:

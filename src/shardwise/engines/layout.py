@@ -64,6 +64,11 @@ class EngineOptions(Frozen):
     cuda_graph: bool = True
     cuda_graph_max_bs: int | None = Field(None, description="largest decode batch captured; None = engine default")
     two_batch_overlap: bool = False
+    overlap_above_tokens: tuple[int, int] = Field(
+        (0, 0),
+        description="(decode, prefill): two-batch overlap splits a step only where a rank's tokens exceed "
+        "these (vLLM --dbo-decode-token-threshold / --dbo-prefill-token-threshold); it needs two requests to split",
+    )
     overlap_schedule: bool = Field(
         True, description="the scheduler prepares the next batch while the GPU runs this one (hides its host time)"
     )

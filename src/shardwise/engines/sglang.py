@@ -293,6 +293,11 @@ class SGLang(FlagEngine):
         ("CUDA graphs off", {"disable_cuda_graph": True}),
         ("FP8 KV cache", {"kv_cache_dtype": "fp8_e4m3"}),
     )
+    what_if_options: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = (
+        ("two-batch overlap", {"enable_two_batch_overlap": True}),
+        ("DeepEP all-to-all", {"moe_a2a_backend": "deepep"}),
+        ("DeepEP all-to-all, two-batch overlap", {"moe_a2a_backend": "deepep", "enable_two_batch_overlap": True}),
+    )
     memory_fraction_option: ClassVar[str | None] = "mem_fraction_static"
 
     def effective(

@@ -126,6 +126,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         cuda_graph=f["cuda_graph"],
         cuda_graph_max_bs=f["cuda_graph_max_bs"] if f["cuda_graph"] else None,
         two_batch_overlap=bool(f.get("enable_dbo")),
+        overlap_above_tokens=(f["dbo_decode_token_threshold"], f["dbo_prefill_token_threshold"]),
         eplb=bool(f.get("enable_eplb")),
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
         chunked_prefill_tokens=f["max_num_batched_tokens"],
@@ -194,6 +195,13 @@ class VLLM(FlagEngine):
     option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = (
         ("CUDA graphs off", {"enforce_eager": True}),
         ("FP8 KV cache", {"kv_cache_dtype": "fp8"}),
+    )
+    what_if_options: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = (
+        ("DeepEP all-to-all", {"enable_expert_parallel": True, "all2all_backend": "deepep_high_throughput"}),
+        (
+            "DeepEP all-to-all, dual-batch overlap",
+            {"enable_expert_parallel": True, "all2all_backend": "deepep_high_throughput", "enable_dbo": True},
+        ),
     )
 
     def effective(

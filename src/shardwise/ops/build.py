@@ -205,16 +205,32 @@ class StepModel:
         stage_tokens = rank_tokens * lay.attn_dp  # what an MLP split over the stage sees
         # a decode step samples every new token (several per request when it verifies drafts); prefill the last
         sampled = rank_tokens if phase is Phase.DECODE else rank_requests
+        # two-batch overlap halves the requests and runs each MoE layer once per half (SGLang
+        # two_batch_overlap.py compute_split_seq_index: requests // 2, so one request does not split; dense layers
+        # run whole, deepseek_v2.py forward; vLLM only above its token thresholds): the weights are read once per
+        # half, and an all-to-all's dispatch and combine run beside the other half's compute
+        above = lay.options.overlap_above_tokens[0 if phase is Phase.DECODE else 1]
+        split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens > above
         out: list[Op] = []
         for stage, kinds in enumerate(self._stage_kinds):
+            whole, halved = kinds, Counter[tuple[str, str]]()
+            if split:
+                halved = Counter({k: n for k, n in kinds.items() if k[1] == "moe"})
+                whole = kinds - halved
+            part = math.ceil(rank_requests / 2)  # the larger half
             for kind, count in kinds.items():
+                n, requests_here = (2 * count, part) if kind in halved else (count, rank_requests)
                 out += self._layer(
-                    kind, stage=stage, count=count, phase=phase, rank_requests=rank_requests,
-                    rank_tokens=rank_tokens, stage_tokens=stage_tokens, new_tokens=new_tokens,
-                    context=context_tokens,
+                    kind, stage=stage, count=n, phase=phase, rank_requests=requests_here,
+                    rank_tokens=requests_here * new_tokens, stage_tokens=requests_here * new_tokens * lay.attn_dp,
+                    new_tokens=new_tokens, context=context_tokens,
                 )  # fmt: skip
-            out += self._comms(stage, kinds, phase=phase, rank_tokens=rank_tokens, stage_tokens=stage_tokens,
-                               sampled=sampled, cached=rank_requests * context_tokens)  # fmt: skip
+            if halved:
+                out += self._comms(stage, halved, phase=phase, rank_tokens=part * new_tokens, sampled=sampled,
+                                   stage_tokens=part * new_tokens * lay.attn_dp, cached=part * context_tokens,
+                                   halves=2, per_step=False)  # fmt: skip
+            out += self._comms(stage, whole, phase=phase, rank_tokens=rank_tokens, stage_tokens=stage_tokens,
+                               sampled=sampled, cached=rank_requests * context_tokens, per_step=True)  # fmt: skip
         out += self._ends(sampled=sampled, rank_tokens=rank_tokens)
         return out
 
@@ -378,21 +394,26 @@ class StepModel:
         )
 
     def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, phase: Phase, rank_tokens: int,
-               stage_tokens: int, sampled: int, cached: int) -> list[Op]:  # fmt: skip
+               stage_tokens: int, sampled: int, cached: int, per_step: bool, halves: int = 1) -> list[Op]:  # fmt: skip
         """The collectives of `comm_steps` that run on this stage in this phase: per layer kind, once per step
         (embedding all-reduce on the first stage, logits all-gather of the sampled tokens on the last), and the
-        hand-offs between stages (counted on the first). `cached` is the tokens the rank's requests hold already."""
+        hand-offs between stages (counted on the first). `cached` is the tokens the rank's requests hold already.
+        `per_step`: also the once-a-step collectives and the hand-offs. With two-batch overlap (`halves` 2, the
+        sizes one half's) a layer's collectives run once per half, and an all-to-all's dispatch and combine hide
+        behind the other half's compute (SGLang overlaps only those in DeepSeek-V2/V3 layers:
+        operations_strategy.py; with no all-to-all backend, validation_hook.py check_two_batch_overlap: only
+        DeepSeek-V4's)."""
         last = self.layout.pp - 1
         per_count = {
             "layer": sum(kinds.values()),
             "attention_layer": sum(n for (attention, _), n in kinds.items() if attention != "linear"),
             "moe_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "moe"),
             "dense_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "dense"),
-            "stage_boundary": self.layout.pp - 1 if stage == 0 else 0,
+            "stage_boundary": self.layout.pp - 1 if stage == 0 and per_step else 0,
         }
         out: list[Op] = []
         for c in self._comm:
-            if c.phase is not None and c.phase != phase.value:
+            if (c.phase is not None and c.phase != phase.value) or (c.per == "step" and not per_step):
                 continue
             tokens = stage_tokens if c.group == "stage" and c.op is not Collective.ALL_TO_ALL else rank_tokens
             if c.sized_by == "cached":
@@ -401,7 +422,7 @@ class StepModel:
                 gather = c.op is Collective.ALL_GATHER
                 count, tokens = int(stage == (last if gather else 0)), sampled if gather else rank_tokens
             else:
-                count = per_count[c.per]
+                count = per_count[c.per] * halves
             if not count:
                 continue
             if c.group == "pp":
@@ -412,7 +433,7 @@ class StepModel:
                 Comm(name=c.where, stage=stage, count=count, collective=c.op, group=group,
                      size_bytes=c.bytes_per_token * tokens,
                      impl=self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl",
-                     overlapped=self.layout.options.two_batch_overlap and c.per == "moe_layer")
+                     overlapped=halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL)
             )  # fmt: skip
         return out
 

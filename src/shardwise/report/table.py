@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -209,4 +210,18 @@ def shell_wrap(line: str, width: int) -> list[str]:
 
 
 def print_renderable(renderable: object, *, console: Console | None = None) -> None:
-    (console or Console()).print(renderable)
+    """Print for people, never cutting a figure: a table wider than the console drops its outer edge, and one that
+    still does not fit is printed at its least width (a terminal wraps its lines; a file keeps them)."""
+    console = console or Console()
+    if isinstance(renderable, Table) and _least_width(console, renderable) > console.width:
+        renderable.show_edge = False
+        need = _least_width(console, renderable)
+        if need > console.width:
+            console = Console(width=need, file=console.file, force_terminal=console.is_terminal,
+                              color_system=console.color_system)  # fmt: skip
+    console.print(renderable)
+
+
+def _least_width(console: Console, table: Table) -> int:
+    """The width below which `table` would cut a cell's word: every column at its longest word."""
+    return Measurement.get(console, console.options.update(width=10_000), table).minimum
