@@ -76,7 +76,8 @@ def rank(
             unmet.append(c)
         else:
             scores.append(score)
-    scores.sort(key=lambda s: (-s.value, s.candidate.gpus, s.candidate.name))
+    # equal to the figures shown, fewer GPUs first, then fewer non-default options (CUDA graphs on before off)
+    scores.sort(key=lambda s: (-_shown(s.value), s.candidate.gpus, len(s.candidate.options), s.candidate.name))
     band = tie_band()
     default = _closest_to_defaults(scores, band)
     top = scores[0] if scores else None
@@ -162,9 +163,14 @@ def winners_by_concurrency(candidates: tuple[Candidate, ...] | list[Candidate]) 
     """The setup with the most output tok/s at each concurrency of the sweep."""
     out = []
     for n, prediction in enumerate(candidates[0].predictions if candidates else ()):
-        best = max(candidates, key=lambda c: c.predictions[n].output_tok_s)
+        best = max(candidates, key=lambda c: (_shown(c.predictions[n].output_tok_s), -len(c.options)))
         out.append(Winner(concurrency=prediction.concurrency, candidate=best, prediction=best.predictions[n]))
     return out
+
+
+def _shown(value: float) -> float:
+    """A figure to four significant digits, as a report shows it: setups that differ below that are equal."""
+    return float(f"{value:.4g}")
 
 
 def crossovers(winners: list[Winner]) -> list[tuple[Winner, Winner]]:

@@ -229,10 +229,18 @@ def theory_view(t: Theory, *, top: int) -> Group:
 
 
 def _ranked_table(t: Theory, top: int) -> Table:
-    table = Table(title=f"top {min(top, len(t.ranking.scores))} of {len(t.ranking.scores)} setups that start")
+    """The best `top` layouts, each at its best options (its other option sets are further down the ranking)."""
+    shown, seen = [], set()
+    for s in t.ranking.scores:
+        key = (s.candidate.engine, s.candidate.layout.structure())
+        if key not in seen:
+            seen.add(key)
+            shown.append(s)
+    table = Table(title=f"top {min(top, len(shown))} of {len(shown)} layouts that start, each at its best options "
+                        f"({len(t.ranking.scores)} setups)")  # fmt: skip
     for name in ("#", "setup", "tok/s", "at C", "/GPU", "/user", "C=1", "bound", "KV req"):
         table.add_column(name, justify="left" if name in ("setup", "bound") else "right")
-    for n, s in enumerate(t.ranking.scores[:top], start=1):
+    for n, s in enumerate(shown[:top], start=1):
         c, p = s.candidate, s.at
         one = min(c.predictions, key=lambda q: q.concurrency)
         table.add_row(
