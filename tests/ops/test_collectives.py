@@ -160,3 +160,19 @@ def test_two_batch_overlap_runs_each_moe_layer_once_per_half(requests):
             assert c.size_bytes == pytest.approx(before.size_bytes * half / per_rank)
             assert c.overlapped == (halves == 2 and c.collective is Collective.ALL_TO_ALL)
         assert any(c.collective is Collective.ALL_TO_ALL for c in moe_comms) == (plain.moe_comm == "all2all")
+
+
+def test_vllm_dual_batch_overlap_splits_from_its_token_threshold():
+    """vLLM microbatches a decode step from --dbo-decode-token-threshold tokens (default 32: ubatch_utils.py
+    check_ubatch_thresholds), a given threshold too."""
+    base = ("vllm serve deepseek-ai/DeepSeek-V3 -tp 8 --enable-expert-parallel --all2all-backend "
+            "deepep_low_latency --enable-dbo")  # fmt: skip
+    cluster = load_cluster("8xh200")
+    for extra, threshold in (("", 32), (" --dbo-decode-token-threshold 8", 8)):
+        checked = check_command(base + extra, cluster=cluster)
+        assert checked.setup.valid, checked.setup.rejections
+        model = StepModel(checked.model, checked.setup.layout, cluster)
+        for requests, halves in ((threshold - 1, 1), (threshold, 2)):
+            ops = model.ops(phase=Phase.DECODE, requests=requests, new_tokens=1, context_tokens=1024)
+            experts = next(o for o in ops if o.name == "routed experts")
+            assert experts.count == halves * 58, (extra, requests)  # DeepSeek-V3: 58 MoE layers

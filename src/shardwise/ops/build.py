@@ -207,10 +207,10 @@ class StepModel:
         sampled = rank_tokens if phase is Phase.DECODE else rank_requests
         # two-batch overlap halves the requests and runs each MoE layer once per half (SGLang
         # two_batch_overlap.py compute_split_seq_index: requests // 2, so one request does not split; dense layers
-        # run whole, deepseek_v2.py forward; vLLM only above its token thresholds): the weights are read once per
-        # half, and an all-to-all's dispatch and combine run beside the other half's compute
+        # run whole, deepseek_v2.py forward; vLLM only from its token thresholds, ubatch_utils.py): the weights
+        # are read once per half, and an all-to-all's dispatch and combine run beside the other half's compute
         above = lay.options.overlap_above_tokens[0 if phase is Phase.DECODE else 1]
-        split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens > above
+        split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens >= above
         out: list[Op] = []
         for stage, kinds in enumerate(self._stage_kinds):
             whole, halved = kinds, Counter[tuple[str, str]]()
