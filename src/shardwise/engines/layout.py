@@ -64,7 +64,7 @@ class EngineOptions(Frozen):
     cuda_graph: bool = True
     cuda_graph_max_bs: int | None = Field(None, description="largest decode batch captured; None = engine default")
     two_batch_overlap: bool = False
-    overlap_above_tokens: tuple[int, int] = Field(
+    overlap_from_tokens: tuple[int, int] = Field(
         (0, 0),
         description="(decode, prefill): two-batch overlap splits a step only where a rank's tokens exceed "
         "these (vLLM --dbo-decode-token-threshold / --dbo-prefill-token-threshold); it needs two requests to split",

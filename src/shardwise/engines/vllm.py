@@ -126,7 +126,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         cuda_graph=f["cuda_graph"],
         cuda_graph_max_bs=f["cuda_graph_max_bs"] if f["cuda_graph"] else None,
         two_batch_overlap=bool(f.get("enable_dbo")),
-        overlap_above_tokens=(f["dbo_decode_token_threshold"], f["dbo_prefill_token_threshold"]),
+        overlap_from_tokens=(f["dbo_decode_token_threshold"], f["dbo_prefill_token_threshold"]),
         eplb=bool(f.get("enable_eplb")),
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
         chunked_prefill_tokens=f["max_num_batched_tokens"],

@@ -209,8 +209,8 @@ class StepModel:
         # two_batch_overlap.py compute_split_seq_index: requests // 2, so one request does not split; dense layers
         # run whole, deepseek_v2.py forward; vLLM only from its token thresholds, ubatch_utils.py): the weights
         # are read once per half, and an all-to-all's dispatch and combine run beside the other half's compute
-        above = lay.options.overlap_above_tokens[0 if phase is Phase.DECODE else 1]
-        split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens >= above
+        least = lay.options.overlap_from_tokens[0 if phase is Phase.DECODE else 1]
+        split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens >= least
         out: list[Op] = []
         for stage, kinds in enumerate(self._stage_kinds):
             whole, halved = kinds, Counter[tuple[str, str]]()
