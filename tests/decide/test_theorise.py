@@ -6,7 +6,7 @@ import pytest
 
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.ceiling import ceiling
-from shardwise.decide.rank import Objective, knee, option_gains, pareto, rank, winners_by_concurrency
+from shardwise.decide.rank import Objective, flag_gains, knee, option_gains, pareto, rank, winners_by_concurrency
 from shardwise.decide.theory import theorise, would_fit
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
@@ -41,7 +41,7 @@ def _best_or_its_default_twin(ranking, top_value):
     if over is None:
         assert best.value == pytest.approx(top_value, rel=5e-4)
     else:
-        assert over.value == pytest.approx(top_value, rel=5e-4) and best.value >= top_value * (1 - ranking.band)
+        assert over.value == pytest.approx(top_value, rel=5e-4) and top_value <= best.value * (1 + ranking.band)
         assert set(best.candidate.options) < set(over.candidate.options)
         assert best.candidate.layout.structure() == over.candidate.layout.structure()
     values = [float(f"{s.value:.4g}") for s in ranking.scores if s is not best]
@@ -62,6 +62,25 @@ def test_a_tie_goes_to_the_engine_defaults(user_case):
     assert set(gains) == set(ranking.best.candidate.options)
     for g in gains.values():  # each option's twin without it, where that serves, is slower
         assert g.without is None or g.without.value < ranking.best.value
+
+
+def test_each_layout_flag_says_what_it_buys(user_case):
+    """A layout flag of the recommended command is priced against the searched setup whose command leaves it out
+    (with a flag that needs it: DCP's attention backend) and keeps every other flag."""
+    best = user_case.ranking.best.candidate
+    gains = {f.flags: f for f in flag_gains(user_case.ranking)}
+    dcp = gains[("--dcp-size 2", "--attention-backend flashinfer")]
+    assert dcp.without.candidate.setup.given == {k: v for k, v in best.setup.given.items()
+                                                 if k not in ("dcp_size", "attention_backend")}  # fmt: skip
+    # DCP splits each attention-DP group's latents over its ranks: the twin holds half the requests at once
+    twin = dcp.without.candidate.memory.max_concurrency(isl=1024, osl=1024)
+    assert best.memory.max_concurrency(isl=1024, osl=1024) == pytest.approx(2 * twin, rel=0.02)
+    assert dcp.gain(user_case.ranking.best.value) > 0
+    for f in gains.values():
+        dropped = set(best.setup.given) - set(f.without.candidate.setup.given)
+        assert len(dropped) == len(f.flags) and all(
+            f.without.candidate.setup.given[k] == v for k, v in best.setup.given.items() if k not in dropped
+        )
 
 
 def test_the_users_failed_setups_are_excluded_for_their_true_reasons(user_case):

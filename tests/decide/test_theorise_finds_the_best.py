@@ -46,5 +46,5 @@ def test_theorise_beats_every_hand_tuned_command(model, gpus, hub):
         hand = max(p.output_tok_s for p in predict(checked.model, layout, cluster, memory, concurrency=levels,
                                                    isl=1024, osl=1024))  # fmt: skip
         # the recommendation may be the engine-default twin of the top, within the tie band of it
-        assert best >= hand * (1 - theory.ranking.band), (template, hand, best)
+        assert hand <= best * (1 + theory.ranking.band), (template, hand, best)
         assert max(s.value for s in theory.ranking.scores) >= hand, (template, hand)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from shardwise.decide.search import Candidate
+from shardwise.engines.base import get_engine
+from shardwise.engines.flags import flag_table, parse_version, render_command
 from shardwise.errors import SpecError
 from shardwise.serve.accuracy import stated_median
 from shardwise.serve.steady import Prediction
@@ -57,7 +59,7 @@ class Ranking:
         if not self.scores:
             return ()
         top = max(s.value for s in self.scores)
-        return tuple(s for s in self.scores[1:] if s.value >= top * (1 - self.band))
+        return tuple(s for s in self.scores[1:] if tied(s.value, top, self.band))
 
 
 def rank(
@@ -88,14 +90,20 @@ def rank(
                    band=band, preferred_over=top if default is not None and default is not top else None)  # fmt: skip
 
 
+def tied(value: float, top: float, band: float) -> bool:
+    """`top` is no more than `band` above `value` (the model's stated error): the model cannot tell them apart."""
+    return top <= value * (1 + band)
+
+
 def _closest_to_defaults(scores: list[Score], band: float) -> Score | None:
-    """The top setup's layout with the fewest non-default options (a subset of the top's) that predicts within
-    the tie band of it: the engine's defaults where the model cannot tell the options apart."""
+    """The top setup's layout with the fewest non-default options (a subset of the top's: CUDA graphs on, the
+    model's KV dtype, the engine's memory fraction) that predicts within the tie band of it: the engine's defaults
+    where the model cannot tell the options apart. Layout flags stay: `flag_gains` says what each buys."""
     if not scores or not scores[0].candidate.options:
         return None
     top = scores[0]
-    c, floor = top.candidate, top.value * (1 - band)
-    same = [s for s in scores if s.value >= floor and s.candidate.engine == c.engine
+    c = top.candidate
+    same = [s for s in scores if tied(s.value, top.value, band) and s.candidate.engine == c.engine
             and s.candidate.layout.structure() == c.layout.structure()
             and set(s.candidate.options) <= set(c.options)]  # fmt: skip
     return min(same, key=lambda s: (len(s.candidate.options), -s.value))
@@ -150,6 +158,52 @@ def option_gains(ranking: Ranking) -> list[OptionGain]:
                         and set(s.candidate.options) == rest), None)  # fmt: skip
         out.append(OptionGain(option=option, without=without))
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagGain:
+    flags: tuple[str, ...]  # layout flags of the recommended command, as it spells them ("--dcp-size 2", …)
+    without: Score  # the searched setup whose command is the recommended one without them
+
+    def gain(self, value: float) -> float:
+        return value / self.without.value - 1 if self.without.value else 0.0
+
+
+def flag_gains(ranking: Ranking) -> list[FlagGain]:
+    """What each layout flag of the recommended command buys beyond the engine's default for it: the searched
+    setup whose command drops that flag (and the fewest others, as a flag that needs another goes with it) and
+    keeps the rest. Flags that only set option variants are `option_gains`'; a flag whose setup without it was not
+    searched (it would leave GPUs idle, or not start) is not listed."""
+    best = ranking.best
+    if best is None:
+        return []
+    c = best.candidate
+    given = _items(c)
+    variant_flags = {k for _, opts in get_engine(c.engine).option_variants for k in opts}
+    variant_flags.add(get_engine(c.engine).memory_fraction_option)
+    table = flag_table(c.engine)
+    version = parse_version(c.setup.version, c.engine)
+    out = []
+    for name in c.setup.given:
+        if name in variant_flags:
+            continue
+        twins = [s for s in ranking.scores if s.candidate.engine == c.engine and _items(s.candidate) < given
+                 and name not in s.candidate.setup.given]  # fmt: skip
+        if not twins:
+            continue
+        twin = max(twins, key=lambda s: (len(s.candidate.setup.given), s.value))
+        dropped = [k for k in c.setup.given if k not in twin.candidate.setup.given]
+        if dropped[0] != name:  # said with the flag it goes with
+            continue
+        skip = len(table.launchers[0]) + (1 if table.model_positional else 2)  # the launcher and the model
+        spelled = tuple(" ".join(render_command(table, version, model_ref="", values={k: c.setup.given[k]})[skip:])
+                        for k in dropped)  # fmt: skip
+        out.append(FlagGain(flags=spelled, without=twin))
+    return out
+
+
+def _items(c: Candidate) -> frozenset[tuple[str, str]]:
+    return frozenset((k, repr(v)) for k, v in c.setup.given.items())
 
 
 @dataclass(frozen=True, kw_only=True)

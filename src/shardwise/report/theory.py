@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.decide.rank import KNEE, Objective, knee, option_gains
+from shardwise.decide.rank import KNEE, Objective, flag_gains, knee, option_gains
 from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
@@ -119,13 +119,20 @@ def _defaults_lines(t: Theory) -> list[str]:
             f"Recommended over {over.candidate.name} ({over.value:,.0f}, {over.value / win.value - 1:+.1%}): within "
             f"the model's {t.ranking.band:.0%} error, the setup closer to the engine's defaults wins the tie."
         )
-    gains = option_gains(t.ranking)
-    if gains:
-        said = []
-        for g in gains:
-            gain = g.gain(win.value)
-            said.append(f"{g.option} {gain:+.0%} ({g.without.value:,.0f} without)" if gain is not None and g.without
-                        else f"{g.option} (without it the setup does not serve this workload)")  # fmt: skip
+
+    def bought(gain: float, without: float) -> str:
+        tie = "; a tie, within the model's error" if gain <= t.ranking.band else ""
+        share = f"{gain:+.0%}" if abs(gain) >= 0.01 else f"{gain:+.1%}"
+        return f"{share} ({without:,.0f} without{tie})"
+
+    said = []
+    for g in option_gains(t.ranking):
+        gain = g.gain(win.value)
+        said.append(f"{g.option} {bought(gain, g.without.value)}" if gain is not None and g.without
+                    else f"{g.option} (without it the setup does not serve this workload)")  # fmt: skip
+    for f in flag_gains(t.ranking):
+        said.append(f"{' with '.join(f.flags)} {bought(f.gain(win.value), f.without.value)}")
+    if said:
         lines.append("Its options beyond the engine's defaults, and what each buys: " + "; ".join(said) + ".")
     return lines
 
