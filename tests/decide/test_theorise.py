@@ -226,3 +226,20 @@ def test_the_package_answers_the_users_question_with_its_defaults(user_case):
     line = str(theory.best)
     assert line.startswith(theory.best.name) and " ".join(theory.best.launch) in line
     assert f"{theory.best.peak.output_tok_s:,.0f} output tok/s at {theory.best.peak.concurrency} clients" in line
+
+
+def test_vllm_layouts_whose_pool_is_shorter_than_the_context_are_searched_with_a_shorter_one():
+    """vLLM refuses to start when its KV pool cannot hold one request of the model's whole context (262,144 tokens
+    for Kimi K2.6); the search lowers --max-model-len to the smallest power of two that holds the workload's
+    requests (1024 + 1024: 2,048), never below them, and the command it prints starts."""
+    model, cluster = load_model("kimi-k2.6"), load_cluster("8xrtx-pro-6000")
+    t = theorise(model, cluster, model_ref="kimi-k2.6", engines=["vllm"], isl=1024, osl=1024, concurrency=[1, 64])
+    shorter = [c for c in t.result.candidates if "max model len 2,048" in c.options]
+    assert shorter
+    for c in shorter[:3]:
+        assert c.layout.options.max_model_len == 2048 and "--max-model-len" in c.launch
+        checked = check_command(list(c.launch), cluster=cluster)
+        assert checked.setup.valid
+        assert memory_ledger(checked.model, checked.setup.layout, cluster).verdict == "ok"
+        default = {k: v for k, v in c.setup.given.items() if k != "max_model_len"}
+        assert not any(o.setup.given == default for o in t.result.candidates)  # it did not start at its default

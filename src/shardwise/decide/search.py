@@ -182,6 +182,8 @@ class _Search:
                 if not variant.valid or variant.layout is None:
                     continue
                 v_memory = memory_ledger(self.model, variant.layout, self.cluster)
+            label, options, variant, v_memory = self._with_shorter_context(engine, label, {**given, **options},
+                                                                           variant, v_memory, version)  # fmt: skip
             for v_label, v_setup, v_ledger in self._with_raised_fraction(engine, label, {**given, **options},
                                                                           variant, v_memory, version):  # fmt: skip
                 if v_ledger.verdict == "ok" and self._holds(v_setup.layout, v_ledger):
@@ -198,6 +200,28 @@ class _Search:
         context = (layout.options.max_model_len if layout else None) or self.model.max_position_embeddings
         within = not context or self.isl + self.osl <= context
         return within and memory.max_concurrency(isl=self.isl, osl=self.osl) >= 1
+
+    def _with_shorter_context(
+        self, engine: Engine, label: str, given: dict[str, Any], setup: Setup, memory: MemoryLedger, version: Any
+    ) -> tuple[str, dict[str, Any], Setup, MemoryLedger]:
+        """Where the engine refuses to start because its KV pool cannot hold one request of the model's whole context
+        (vLLM), the option set with the context lowered to the smallest power of two that holds the workload's
+        requests, as people set --max-model-len; else the option set as it is."""
+        flag = engine.context_option
+        if flag is None or flag in given or memory.verdict != "no_kv_room" or setup.layout is None:
+            return label, given, setup, memory
+        need = 1 << (self.isl + self.osl - 1).bit_length()
+        current = setup.layout.options.max_model_len
+        if current is not None and need >= current:
+            return label, given, setup, memory
+        shorter = engine.setup({**given, flag: need}, model=self.model, cluster=self.cluster, version=version)
+        if not shorter.valid or shorter.layout is None:
+            return label, given, setup, memory
+        ledger = memory_ledger(self.model, shorter.layout, self.cluster)
+        if ledger.verdict != "ok":
+            return label, given, setup, memory
+        name = ", ".join(filter(None, [label, f"max model len {need:,}"]))
+        return name, {**given, flag: need}, shorter, ledger
 
     def _with_raised_fraction(self, engine: Engine, label: str, given: dict[str, Any], setup: Setup,
                               memory: MemoryLedger, version: Any) -> list[tuple[str, Setup, MemoryLedger]]:  # fmt: skip

@@ -85,9 +85,9 @@ class Engine(Protocol):
     supports_attention_dp: ClassVar[bool]
     kv_budget: ClassVar[str]  # "of_total" (SGLang mem_fraction_static, vLLM gpu_memory_utilization)
     option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]]  # engine options worth trying per layout
-    # options people try on a MoE model's winner (overlap, all-to-all kernels): priced as what-ifs, not searched
-    what_if_options: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
+    what_if_options: ClassVar[tuple[tuple[str, dict[str, Any]], ...]]  # options priced as what-ifs, not searched
     memory_fraction_option: ClassVar[str | None]  # the flag whose fraction leaves activations and graphs outside
+    context_option: ClassVar[str | None]  # the flag that lowers the context the engine must hold
 
     def resolve(
         self,

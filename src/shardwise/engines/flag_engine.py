@@ -34,6 +34,10 @@ class FlagEngine:
     # the option (canonical name) whose fraction of GPU memory holds weights and KV, with activations and CUDA
     # graphs outside it, so a search may raise it up to what the memory model says leaves them room
     memory_fraction_option: ClassVar[str | None] = None
+    # the option that lowers the context the engine must hold, where it refuses a KV pool shorter than the context
+    context_option: ClassVar[str | None] = None
+    # options people try on a MoE model's winner (overlap, all-to-all kernels): priced as what-ifs, not searched
+    what_if_options: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
 
     # --- what each engine supplies ----------------------------------------------------------------------
 

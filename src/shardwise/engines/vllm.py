@@ -196,6 +196,7 @@ class VLLM(FlagEngine):
         ("CUDA graphs off", {"enforce_eager": True}),
         ("FP8 KV cache", {"kv_cache_dtype": "fp8"}),
     )
+    context_option: ClassVar[str | None] = "max_model_len"  # vLLM refuses a pool shorter than it (kv_cache_utils)
     what_if_options: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = (
         ("DeepEP all-to-all", {"enable_expert_parallel": True, "all2all_backend": "deepep_high_throughput"}),
         (
