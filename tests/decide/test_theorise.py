@@ -66,21 +66,28 @@ def test_a_tie_goes_to_the_engine_defaults(user_case):
 
 def test_each_layout_flag_says_what_it_buys(user_case):
     """A layout flag of the recommended command is priced against the searched setup whose command leaves it out
-    (with a flag that needs it: DCP's attention backend) and keeps every other flag."""
+    (with a flag that needs it: DCP's attention backend), keeps every other layout flag and has the same kinds of
+    options (a raised memory fraction being that layout's own largest)."""
     best = user_case.ranking.best.candidate
+    variants = {"disable_cuda_graph", "kv_cache_dtype", "mem_fraction_static"}
     gains = {f.flags: f for f in flag_gains(user_case.ranking)}
     dcp = gains[("--dcp-size 2", "--attention-backend flashinfer")]
-    assert dcp.without.candidate.setup.given == {k: v for k, v in best.setup.given.items()
-                                                 if k not in ("dcp_size", "attention_backend")}  # fmt: skip
-    # DCP splits each attention-DP group's latents over its ranks: the twin holds half the requests at once
-    twin = dcp.without.candidate.memory.max_concurrency(isl=1024, osl=1024)
-    assert best.memory.max_concurrency(isl=1024, osl=1024) == pytest.approx(2 * twin, rel=0.02)
+    twin = dcp.without.candidate
+    assert {k: v for k, v in twin.setup.given.items() if k not in variants} == {
+        k: v for k, v in best.setup.given.items() if k not in variants | {"dcp_size", "attention_backend"}
+    }
+    assert twin.option_kinds == best.option_kinds
+    # DCP splits each attention-DP group's latents over its ranks: at the same memory fraction the twin holds half
+    # the requests at once
+    if twin.layout.options.memory_fraction == best.layout.options.memory_fraction:
+        cap = twin.memory.max_concurrency(isl=1024, osl=1024)
+        assert best.memory.max_concurrency(isl=1024, osl=1024) == pytest.approx(2 * cap, rel=0.02)
     assert dcp.gain(user_case.ranking.best.value) > 0
     for f in gains.values():
-        dropped = set(best.setup.given) - set(f.without.candidate.setup.given)
-        assert len(dropped) == len(f.flags) and all(
-            f.without.candidate.setup.given[k] == v for k, v in best.setup.given.items() if k not in dropped
-        )
+        kept = {k: v for k, v in f.without.candidate.setup.given.items() if k not in variants}
+        ours = {k: v for k, v in best.setup.given.items() if k not in variants}
+        assert kept.items() < ours.items() and len(ours) - len(kept) == len(f.flags)
+        assert f.without.candidate.option_kinds == best.option_kinds
 
 
 def test_the_users_failed_setups_are_excluded_for_their_true_reasons(user_case):

@@ -178,21 +178,24 @@ def flag_gains(ranking: Ranking) -> list[FlagGain]:
     if best is None:
         return []
     c = best.candidate
-    given = _items(c)
-    variant_flags = {k for _, opts in get_engine(c.engine).option_variants for k in opts}
-    variant_flags.add(get_engine(c.engine).memory_fraction_option)
+    engine = get_engine(c.engine)
+    variant_flags = {k for _, opts in engine.option_variants for k in opts}
+    variant_flags |= {engine.memory_fraction_option, engine.context_option}
+    layout = _layout_items(c, variant_flags)
     table = flag_table(c.engine)
     version = parse_version(c.setup.version, c.engine)
     out = []
     for name in c.setup.given:
         if name in variant_flags:
             continue
-        twins = [s for s in ranking.scores if s.candidate.engine == c.engine and _items(s.candidate) < given
+        twins = [s for s in ranking.scores if s.candidate.engine == c.engine and s.candidate.option_kinds ==
+                 c.option_kinds and _layout_items(s.candidate, variant_flags) < layout
                  and name not in s.candidate.setup.given]  # fmt: skip
         if not twins:
             continue
         twin = max(twins, key=lambda s: (len(s.candidate.setup.given), s.value))
-        dropped = [k for k in c.setup.given if k not in twin.candidate.setup.given]
+        dropped = [k for k, _ in sorted(layout - _layout_items(twin.candidate, variant_flags),
+                                        key=lambda kv: list(c.setup.given).index(kv[0]))]  # fmt: skip
         if dropped[0] != name:  # said with the flag it goes with
             continue
         skip = len(table.launchers[0]) + (1 if table.model_positional else 2)  # the launcher and the model
@@ -202,8 +205,9 @@ def flag_gains(ranking: Ranking) -> list[FlagGain]:
     return out
 
 
-def _items(c: Candidate) -> frozenset[tuple[str, str]]:
-    return frozenset((k, repr(v)) for k, v in c.setup.given.items())
+def _layout_items(c: Candidate, variant_flags: set[str | None]) -> frozenset[tuple[str, str]]:
+    """The flags of its command that set its layout, not its option variants."""
+    return frozenset((k, repr(v)) for k, v in c.setup.given.items() if k not in variant_flags)
 
 
 @dataclass(frozen=True, kw_only=True)

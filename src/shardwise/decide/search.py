@@ -73,6 +73,14 @@ class Candidate:
         """The engine options it sets beyond the layout ("CUDA graphs off", "FP8 KV cache", ...)."""
         return tuple(self.variant.split(", ")) if self.variant else ()
 
+    @property
+    def option_kinds(self) -> frozenset[str]:
+        """Its options, a raised memory fraction or a lowered context counted as one whatever its value (each
+        layout's own)."""
+        kinds = {"memory fraction raised" if o.startswith("memory fraction") else
+                 "max model len lowered" if o.startswith("max model len") else o for o in self.options}  # fmt: skip
+        return frozenset(kinds)
+
     @cached_property
     def gpus(self) -> int:
         return self.layout.gpus_used

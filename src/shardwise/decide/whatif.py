@@ -82,18 +82,12 @@ def _engine_option(result: SearchResult, winner: Candidate, engine: Engine, labe
                   note=f"peak at {peak.concurrency} clients, {peak.running} running")  # fmt: skip
 
 
-def _labels(variant: str) -> set[str]:
-    """The option labels of a variant; a raised memory fraction counts as one label whatever its value (it is the
-    largest that fits the variant's own activations and graphs)."""
-    return {"memory fraction raised" if p.startswith("memory fraction") else p for p in variant.split(", ") if p}
-
-
 def _option(result: SearchResult, winner: Candidate, base: float, label: str) -> WhatIf | None:
     """The winner's layout and options with one option variant toggled."""
-    have = _labels(winner.variant)
+    have = set(winner.option_kinds)
     want = have ^ {label}
     other = next((c for c in result.candidates if c.engine == winner.engine and c.layout.structure() ==
-                  winner.layout.structure() and _labels(c.variant) == want), None)  # fmt: skip
+                  winner.layout.structure() and set(c.option_kinds) == want), None)  # fmt: skip
     if other is None:
         return None
     name = label if label not in have else OPPOSITE.get(label, f"without {label}")

@@ -64,10 +64,11 @@ def narrative(t: Theory) -> list[str]:
     parts = ", ".join(f"{PART_NAMES.get(k, k)} {v * 1e3:.1f}" for k, v in sorted(ex.breakdown_s.items(),
                       key=lambda kv: -kv[1]) if v > 0)  # fmt: skip
     bound = "KV-cache capacity" if ex.bound == "kv_capacity" else PART_NAMES.get(ex.bound, ex.bound)
+    comm = (f" A decode step spends {ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
+            if ex.collectives_per_step else "")  # fmt: skip
     lines.append(
         f"What bounds it: {bound}. It runs {p.running} requests at once (KV pool {c.memory.kv_tokens_total:,} "
-        f"tokens); each output token takes {p.tpot_s * 1e3:.1f} ms: {parts} ms. A decode step spends "
-        f"{ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
+        f"tokens); each output token takes {p.tpot_s * 1e3:.1f} ms: {parts} ms.{comm}"
     )
     if t.ranking.objective is not Objective.MIN_LATENCY:
         lines.append(_saturation_line(t, c))
