@@ -362,6 +362,12 @@ def test_theorise_json_names_the_best_and_the_excluded():
     best = payload["best"]
     assert {"launch", "layout", "predicted", "bound"} <= set(best) and best["rank"] == 1
     assert payload["ranked"][0] == best
+    bought = {" ".join(g["flags"]): g for g in payload["what_each_flag_buys"]}
+    assert bought["--attn-dp-size 2"]["gain"] > 0  # attention DP holds each request's latent once per group
+    for g in bought.values():  # the gain is the best's figure over the setup's without the flags
+        if g["gain"] is not None:
+            assert best["score"] == pytest.approx(g["without_tok_s"] * (1 + g["gain"]), rel=1e-3)
+            assert g["tie"] == (g["gain"] <= 0.14)
     reasons = {" ".join(e["launch"]): e for e in payload["excluded"]}
     tp2_ep4 = next(e for cmd, e in reasons.items() if "--tp-size 2 --ep-size 4 " in cmd + " ")
     assert tp2_ep4["verdict"] == "invalid" and "ZeroDivisionError" in tp2_ep4["engine_error"]

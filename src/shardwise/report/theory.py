@@ -396,6 +396,26 @@ def _candidate_payload(c: Candidate, isl: int, osl: int) -> dict[str, Any]:
     }
 
 
+def _gains_payload(t: Theory) -> list[dict[str, Any]]:
+    """The recommended setup's non-default options and layout flags, each with the setup without it."""
+    win = t.ranking.best
+    if win is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for g in option_gains(t.ranking):
+        gain = g.gain(win.value)
+        out.append({"flags": [g.option], "without": g.without.candidate.name if g.without else None,
+                    "without_tok_s": round(g.without.value, 3) if g.without else None,
+                    "gain": round(gain, 4) if gain is not None else None,
+                    "tie": gain is not None and gain <= t.ranking.band})  # fmt: skip
+    for f in flag_gains(t.ranking):
+        gain = f.gain(win.value)
+        out.append({"flags": list(f.flags), "without": f.without.candidate.name,
+                    "without_tok_s": round(f.without.value, 3), "gain": round(gain, 4),
+                    "tie": gain <= t.ranking.band})  # fmt: skip
+    return out
+
+
 def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
     r = t.result
     scores = t.ranking.scores if top is None else t.ranking.scores[:top]
@@ -415,6 +435,8 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
         "objective": t.ranking.objective.value,
         "best": ranked[0] if ranked else None,
         "narrative": narrative(t),
+        "preferred_over": t.ranking.preferred_over.candidate.name if t.ranking.preferred_over else None,
+        "what_each_flag_buys": _gains_payload(t),
         "ranked": ranked,
         "why_others_lose": [
             {
