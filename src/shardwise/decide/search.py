@@ -1,10 +1,13 @@
 """Every setup worth serving a model with on a cluster, predicted; and every setup that is out, and why.
 
 Candidates are each engine's valid layouts on all of the cluster's GPUs (its own enumeration: TP, PP, EP,
-attention DP, dense TP, DCP, replicas), each with the engine's default options and with every option variant
-the engine declares (CUDA graphs off, FP8 KV cache), predicted at every concurrency by the closed-form
-model. Excluded are the setups the engine refuses, those that do not fit in memory, and those that leave
-GPUs idle: from the enumeration and from the commands people try by hand (`Engine.hand_tried`).
+attention DP, dense TP, DCP, replicas), each with the engine's default options and with every combination of
+the option variants the engine declares (CUDA graphs off, FP8 KV cache), each also with the memory fraction
+raised to what the memory model says leaves activations and graphs room (SGLang), and with the context lowered
+to what the workload needs where the engine would refuse the model's whole context (vLLM --max-model-len);
+predicted at every concurrency by the closed-form model, the levels doubling until every KV pool binds.
+Excluded are the setups the engine refuses, those that do not fit in memory, and those that leave GPUs idle:
+from the enumeration and from the commands people try by hand (`Engine.hand_tried`).
 
 Pruning loses no optimum: a setup is dropped only when it cannot start (refused, weights do not load, no
 KV room) or cannot hold one request of the workload; every setup that starts is predicted.
