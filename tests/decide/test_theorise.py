@@ -79,9 +79,9 @@ def test_each_layout_flag_says_what_it_buys(user_case):
     assert twin.option_kinds == best.option_kinds
     # DCP splits each attention-DP group's latents over its ranks: at the same memory fraction the twin holds half
     # the requests at once
-    if twin.layout.options.memory_fraction == best.layout.options.memory_fraction:
-        cap = twin.memory.max_concurrency(isl=1024, osl=1024)
-        assert best.memory.max_concurrency(isl=1024, osl=1024) == pytest.approx(2 * cap, rel=0.02)
+    assert twin.layout.options.memory_fraction == best.layout.options.memory_fraction  # both raised to 0.90
+    cap = twin.memory.max_concurrency(isl=1024, osl=1024)
+    assert best.memory.max_concurrency(isl=1024, osl=1024) == pytest.approx(2 * cap, rel=0.02)
     assert dcp.gain(user_case.ranking.best.value) > 0
     for f in gains.values():
         kept = {k: v for k, v in f.without.candidate.setup.given.items() if k not in variants}

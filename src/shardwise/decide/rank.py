@@ -16,7 +16,7 @@ from enum import Enum
 
 from shardwise.decide.search import Candidate
 from shardwise.engines.base import get_engine
-from shardwise.engines.flags import flag_table, parse_version, render_command
+from shardwise.engines.flags import flag_table, flag_words, parse_version
 from shardwise.errors import SpecError
 from shardwise.serve.accuracy import stated_median
 from shardwise.serve.steady import Prediction
@@ -198,9 +198,7 @@ def flag_gains(ranking: Ranking) -> list[FlagGain]:
                                         key=lambda kv: list(c.setup.given).index(kv[0]))]  # fmt: skip
         if dropped[0] != name:  # said with the flag it goes with
             continue
-        skip = len(table.launchers[0]) + (1 if table.model_positional else 2)  # the launcher and the model
-        spelled = tuple(" ".join(render_command(table, version, model_ref="", values={k: c.setup.given[k]})[skip:])
-                        for k in dropped)  # fmt: skip
+        spelled = tuple(" ".join(flag_words(table, version, k, c.setup.given[k])) for k in dropped)
         out.append(FlagGain(flags=spelled, without=twin))
     return out
 
@@ -227,7 +225,8 @@ def winners_by_concurrency(candidates: tuple[Candidate, ...] | list[Candidate]) 
 
 
 def _shown(value: float) -> float:
-    """A figure to four significant digits, as a report shows it: setups that differ below that are equal."""
+    """A figure to four significant digits: setups that differ by less (under 0.05 %, no more than the report's
+    whole tok/s show below 10,000) are ordered as equal."""
     return float(f"{value:.4g}")
 
 

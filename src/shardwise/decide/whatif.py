@@ -13,8 +13,8 @@ from typing import Any
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.rank import Ranking
 from shardwise.decide.search import Candidate, SearchResult
-from shardwise.engines.base import Engine, get_engine
-from shardwise.serve.steady import Predictor
+from shardwise.engines.base import Engine, Setup, get_engine
+from shardwise.serve.steady import Prediction, Predictor
 from shardwise.spec.catalog import drafter_of
 from shardwise.spec.cluster import build_cluster
 
@@ -60,21 +60,29 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
     return [w for w in out if w is not None]
 
 
-def _engine_option(result: SearchResult, winner: Candidate, engine: Engine, label: str, options: dict[str, Any],
-                   base: float) -> WhatIf:  # fmt: skip
-    """The winner's command with `options` added, as the engine would take it."""
+def _with_options(result: SearchResult, winner: Candidate, engine: Engine, options: dict[str, Any],
+                  accept: float | None = None) -> tuple[Setup, list[Prediction]] | str:  # fmt: skip
+    """The winner's command with `options` added, as the engine would take it, predicted over the sweep; or why
+    it does not serve (the engine's refusal, or no KV room for one request)."""
     setup = engine.setup({**winner.setup.given, **options}, model=result.model, cluster=result.cluster,
                          version=engine.version(winner.setup.version))  # fmt: skip
     if not setup.valid or setup.layout is None:
-        return WhatIf(label=label, setup=None, output_tok_s=None, gain=None,
-                      note=f"the engine refuses it: {setup.rejections[0].reason}")  # fmt: skip
+        return f"the engine refuses it: {setup.rejections[0].reason}"
     memory = memory_ledger(result.model, setup.layout, result.cluster)
     if memory.max_concurrency(isl=result.isl, osl=result.osl) < 1:
-        why = memory.reason or "no KV room for one request"
-        return WhatIf(label=label, setup=None, output_tok_s=None, gain=None,
-                      note=f"it does not serve this workload: {why}")  # fmt: skip
-    sweep = Predictor(result.model, setup.layout, result.cluster, memory).sweep(result.concurrency, isl=result.isl,
-                                                                               osl=result.osl)  # fmt: skip
+        return f"it leaves no KV room for one request{': ' + memory.reason if memory.reason else ''}"
+    predictor = Predictor(result.model, setup.layout, result.cluster, memory, accept_length=accept)
+    return setup, predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl)
+
+
+def _engine_option(result: SearchResult, winner: Candidate, engine: Engine, label: str, options: dict[str, Any],
+                   base: float) -> WhatIf:  # fmt: skip
+    """The winner's command with `options` added."""
+    priced = _with_options(result, winner, engine, options)
+    if isinstance(priced, str):
+        return WhatIf(label=label, setup=None, output_tok_s=None, gain=None, note=priced)
+    setup, sweep = priced
+    assert setup.layout is not None
     peak = max(sweep, key=lambda p: p.output_tok_s)
     name = ", ".join(filter(None, [f"{winner.engine} {setup.layout.describe()}", winner.variant, label]))
     return WhatIf(label=label, setup=name, output_tok_s=peak.output_tok_s,
@@ -146,17 +154,10 @@ def _drafted(
     accept: float,
     base: float,
 ) -> WhatIf | None:
-    setup = engine.setup({**winner.setup.given, **options}, model=result.model, cluster=result.cluster,
-                         version=engine.version(winner.setup.version))  # fmt: skip
-    if not setup.valid or setup.layout is None:
-        return WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None,
-                      note=f"the engine refuses it: {setup.rejections[0].reason}")  # fmt: skip
-    memory = memory_ledger(result.model, setup.layout, result.cluster)
-    if memory.max_concurrency(isl=result.isl, osl=result.osl) < 1:
-        return WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None,
-                      note="the drafter leaves no KV room for one request")  # fmt: skip
-    predictor = Predictor(result.model, setup.layout, result.cluster, memory, accept_length=accept)
-    sweep = predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl)
+    priced = _with_options(result, winner, engine, options, accept)
+    if isinstance(priced, str):
+        return WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None, note=priced)
+    _, sweep = priced
     plain = winner.predictions
     losing = next((p.concurrency for p, q in zip(sweep, plain, strict=True) if p.output_tok_s < q.output_tok_s),
                   None)  # fmt: skip

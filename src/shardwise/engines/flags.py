@@ -255,16 +255,20 @@ def render_command(table: FlagTable, version: Version, *, model_ref: str, values
     else:
         values = {"model_path": model_ref, **values}
     for name, value in values.items():
-        option = table.options[name]
-        spellings = option.spellings(version)
-        if not spellings:
-            raise SpecError(f"{table.engine} {version} has no flag for {name}")
-        if option.type == "bool":
-            if value:
-                argv.append(spellings[0])
-        else:
-            argv += [spellings[0], str(value)]
+        argv += flag_words(table, version, name, value)
     return argv
+
+
+def flag_words(table: FlagTable, version: Version, name: str, value: Any) -> list[str]:
+    """One option (canonical name) as this version of the engine spells it: `--flag value`, a switch alone, or
+    nothing for a switch that is off."""
+    option = table.options[name]
+    spellings = option.spellings(version)
+    if not spellings:
+        raise SpecError(f"{table.engine} {version} has no flag for {name}")
+    if option.type == "bool":
+        return [spellings[0]] if value else []
+    return [spellings[0], str(value)]
 
 
 # What a multi-node command says where only the user knows the value: node 0's address (the shell stops with this

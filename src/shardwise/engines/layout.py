@@ -66,7 +66,7 @@ class EngineOptions(Frozen):
     two_batch_overlap: bool = False
     overlap_from_tokens: tuple[int, int] = Field(
         (0, 0),
-        description="(decode, prefill): two-batch overlap splits a step only where a rank's tokens exceed "
+        description="(decode, prefill): two-batch overlap splits a step only where a rank's tokens reach "
         "these (vLLM --dbo-decode-token-threshold / --dbo-prefill-token-threshold); it needs two requests to split",
     )
     overlap_schedule: bool = Field(

@@ -211,13 +211,13 @@ class StepModel:
         # are read once per half, and an all-to-all's dispatch and combine run beside the other half's compute
         least = lay.options.overlap_from_tokens[0 if phase is Phase.DECODE else 1]
         split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens >= least
+        part = math.ceil(rank_requests / 2)  # the larger half
         out: list[Op] = []
         for stage, kinds in enumerate(self._stage_kinds):
             whole, halved = kinds, Counter[tuple[str, str]]()
             if split:
                 halved = Counter({k: n for k, n in kinds.items() if k[1] == "moe"})
                 whole = kinds - halved
-            part = math.ceil(rank_requests / 2)  # the larger half
             for kind, count in kinds.items():
                 n, requests_here = (2 * count, part) if kind in halved else (count, rank_requests)
                 out += self._layer(

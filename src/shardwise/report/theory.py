@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.decide.rank import KNEE, Objective, flag_gains, knee, option_gains
+from shardwise.decide.rank import KNEE, Objective, flag_gains, knee, option_gains, tied
 from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
@@ -122,7 +122,7 @@ def _defaults_lines(t: Theory) -> list[str]:
         )
 
     def bought(gain: float, without: float) -> str:
-        tie = "; a tie, within the model's error" if gain <= t.ranking.band else ""
+        tie = "; a tie, within the model's error" if tied(without, win.value, t.ranking.band) else ""
         share = f"{gain:+.0%}" if abs(gain) >= 0.01 else f"{gain:+.1%}"
         return f"{share} ({without:,.0f} without{tie})"
 
@@ -407,12 +407,12 @@ def _gains_payload(t: Theory) -> list[dict[str, Any]]:
         out.append({"flags": [g.option], "without": g.without.candidate.name if g.without else None,
                     "without_tok_s": round(g.without.value, 3) if g.without else None,
                     "gain": round(gain, 4) if gain is not None else None,
-                    "tie": gain is not None and gain <= t.ranking.band})  # fmt: skip
+                    "tie": g.without is not None and tied(g.without.value, win.value, t.ranking.band)})  # fmt: skip
     for f in flag_gains(t.ranking):
         gain = f.gain(win.value)
         out.append({"flags": list(f.flags), "without": f.without.candidate.name,
                     "without_tok_s": round(f.without.value, 3), "gain": round(gain, 4),
-                    "tie": gain <= t.ranking.band})  # fmt: skip
+                    "tie": tied(f.without.value, win.value, t.ranking.band)})  # fmt: skip
     return out
 
 
