@@ -109,12 +109,13 @@ def test_nvlink_is_never_slower_than_pcie_for_the_same_layout(flags):
 
 def test_removing_communication_never_slows_a_step(tp8, monkeypatch):
     with_comm = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
-    original = tp8.step_model.ops
+    original = tp8.step_model.pieces
 
-    def without_comm(**kwargs):
-        return [op for op in original(**kwargs) if not isinstance(op, Comm)]
+    def without_comm(**kwargs):  # the step's pieces less its collectives
+        ops = tp8.step_model.piece_ops
+        return [p for p in original(**kwargs) if not any(isinstance(op, Comm) for op in ops(p.key))]
 
-    monkeypatch.setattr(tp8.step_model, "ops", without_comm)
+    monkeypatch.setattr(tp8.step_model, "pieces", without_comm)
     monkeypatch.setattr(tp8, "_costs", {})  # priced afresh from the changed ops, not from the layout's shared costs
     alone = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
     assert alone.time_s <= with_comm.time_s
@@ -135,16 +136,18 @@ def test_layouts_that_differ_only_in_memory_or_launching_share_their_op_costs():
 
     def priced(flags: str) -> StepCostModel:
         setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=model, cluster=cluster)
-        return StepCostModel(StepModel(model, setup.layout, cluster))
+        return StepCostModel.of(model, setup.layout, cluster)
 
     base, raised = priced("--tp 8 --mem-fraction-static 0.85"), priced("--tp 8 --mem-fraction-static 0.9")
     eager = priced("--tp 8 --mem-fraction-static 0.85 --disable-cuda-graph")
     fp8 = priced("--tp 8 --mem-fraction-static 0.85 --kv-cache-dtype fp8_e4m3")
     assert base._costs is raised._costs is eager._costs
+    assert base.step_model is raised.step_model is eager.step_model  # one step model for all three
     assert fp8._costs is not base._costs
     graphed = base.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
     launched = eager.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
-    assert launched.ops is graphed.ops  # the same priced ops
+    assert launched.pieces is graphed.pieces  # the same priced ops
+    assert launched.ops == graphed.ops
     assert launched.time_s > graphed.time_s  # eager launches cost the host more
     read_fp8 = fp8.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
     attention = [o for o in read_fp8.ops if o.op_class.value == "attention"]

@@ -11,9 +11,10 @@ A collective costs what the cluster's link model says (measured tables, else rin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardwise.cost.comm import collective_cost
+from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import overheads
 from shardwise.ops.types import Comm, Compute, OpClass
 from shardwise.spec.cluster import ClusterSpec
@@ -72,6 +73,13 @@ class OpCost:
     extrapolated: bool = False  # looked up beyond the table's measured range
     measured_release: str | None = None  # the engine release that measured the table
 
+    def run(self, times: int, stage: int) -> OpCost:
+        """The cost of running this op `times` times as often, on `stage`."""
+        return replace(self, stage=stage, count=self.count * times, kernels=self.kernels * times,
+                       flops=self.flops * times, bytes=self.bytes * times, compute_s=self.compute_s * times,
+                       memory_s=self.memory_s * times, comm_s=self.comm_s * times, launch_s=self.launch_s * times,
+                       time_s=self.time_s * times)  # fmt: skip
+
     @property
     def achieved_fraction(self) -> float:
         """Share of the roofline this op reaches (1 = at the bound's peak)."""
@@ -110,16 +118,22 @@ class Measured:
     untimed_kernels: int = 0  # kernels of the op the table does not time (an MLP's activation between its GEMMs)
 
 
+def collective_s(cluster: ClusterSpec, collective: Collective, size_bytes: float, group: tuple[int, ...], impl: str,
+                 cache: dict[tuple, float] | None = None) -> float:  # fmt: skip
+    """One run of a collective from the link model, with any calibrated fixed time per call; `cache` remembers the
+    link model's times by (collective, size, group, implementation)."""
+    key = (collective, size_bytes, group, impl)
+    one = cache.get(key) if cache is not None else None
+    if one is None:
+        one = collective_cost(cluster, collective, size_bytes=size_bytes, gpus=group, impl=impl).time_s
+        if cache is not None:
+            cache[key] = one
+    return one + (cluster.calibration.value("collective_call_s", 0.0) if cluster.calibration else 0.0)
+
+
 def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None = None) -> OpCost:
     """A collective's time from the link model; `cache` remembers times by (op, size, group, impl)."""
-    key = (op.collective, op.size_bytes, op.group, op.impl)
-    if cache is None or key not in cache:
-        one = collective_cost(cluster, op.collective, size_bytes=op.size_bytes, gpus=op.group, impl=op.impl).time_s
-        if cache is None:
-            cache = {}
-        cache[key] = one
-    extra = cluster.calibration.value("collective_call_s", 0.0) if cluster.calibration else 0.0
-    total = (cache[key] + extra) * op.count
+    total = collective_s(cluster, op.collective, op.size_bytes, op.group, op.impl, cache) * op.count
     return OpCost(
         name=op.name, op_class=OpClass.COMM, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
         flops=0.0, bytes=op.size_bytes * op.count, compute_s=0.0, memory_s=0.0, comm_s=total, launch_s=0.0,

@@ -10,10 +10,12 @@ that does not overlap (pipeline parallelism, --disable-overlap-schedule) adds it
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from shardwise.cost.measured import MeasuredKernels
-from shardwise.cost.roofline import OpCost, comm_cost, compute_cost, rates
+from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout
 from shardwise.hardware.load import overheads
 from shardwise.ops.build import StepModel
@@ -23,7 +25,7 @@ from shardwise.spec.model import ModelSpec
 
 PARTS = ("compute", "memory", "comm", "launch", "host")
 # options that change what an op costs; the others size memory or decide how the host issues the kernels
-COST_OPTIONS = ("two_batch_overlap", "eplb", "kv_cache_dtype")
+COST_OPTIONS = ("two_batch_overlap", "overlap_from_tokens", "eplb", "kv_cache_dtype")
 REMEMBERED_OPS = 200_000  # distinct ops whose costs one cluster and engine release remember (a search: ~6,000)
 SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
 
@@ -76,9 +78,14 @@ class StepCost:
     requests: int
     new_tokens: int
     context_tokens: int
-    ops: tuple[OpCost, ...]
+    pieces: tuple[tuple[int, int, _Piece], ...]  # (stage, times run, its ops' costs, one run each)
     stages: tuple[StageCost, ...]
     release: str = ""  # the engine release modelled
+
+    @cached_property
+    def ops(self) -> tuple[OpCost, ...]:
+        """Every op of the step with its cost, in order (listed when asked: a search needs only the stages)."""
+        return tuple(c.run(count, stage) for stage, count, piece in self.pieces for c in piece.costs)
 
     @property
     def time_s(self) -> float:
@@ -126,9 +133,11 @@ class StepCostModel:
     """Prices steps of one layout on one cluster; build once, call `step` for each batch. `tables=False` prices
     every op on the roofline (what the measured kernel tables change is then visible)."""
 
-    def __init__(self, step_model: StepModel, *, tables: bool = True) -> None:
+    def __init__(self, step_model: StepModel, *, tables: bool = True, layout: Layout | None = None) -> None:
+        """`layout`: the layout whose host side is priced, where `step_model` is shared with layouts whose ops cost
+        the same (default its own)."""
         self.step_model = step_model
-        layout: Layout = step_model.layout
+        layout = self.layout = layout or step_model.layout
         self.cluster: ClusterSpec = step_model.cluster
         self.rates = rates(self.cluster)
         oh, cal = overheads(), self.cluster.calibration
@@ -148,33 +157,71 @@ class StepCostModel:
         self._comm_times = _shared_comm(self.cluster)
         self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._costs = _shared_costs(step_model.model, layout, self.cluster, tables)
+        self._pieces: dict[tuple, _Piece] = self._costs.setdefault("pieces", {})
         # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
         self._op_costs = _remembered(("op costs", id(self.cluster), layout.engine, layout.version, tables),
                                      self.cluster)  # fmt: skip
 
+    @classmethod
+    def of(cls, model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, tables: bool = True) -> StepCostModel:
+        """The cost model of `layout`, its step model shared with every layout whose ops cost the same."""
+        shared = _shared_costs(model, layout, cluster, tables)
+        step_model = shared.get("step model")
+        if step_model is None:
+            step_model = shared["step model"] = StepModel(model, layout, cluster)
+        return cls(step_model, tables=tables, layout=layout)
+
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
-        key = (phase, requests, new_tokens, context_tokens)
-        costs = self._costs.get(key)
-        if costs is None:
-            ops = self.step_model.ops(phase=phase, requests=requests, new_tokens=new_tokens,
-                                      context_tokens=context_tokens)  # fmt: skip
-            costs = self._costs[key] = tuple(
-                self._compute_cost(op) if isinstance(op, Compute) else self._comm_cost(op) for op in ops
-            )
-        layout = self.step_model.layout
+        key = (phase.value, requests, new_tokens, context_tokens)
+        priced = self._costs.get(key)
+        if priced is None:  # each piece priced once and counted as often as it runs: a step is linear in them
+            priced = self._costs[key] = tuple(
+                (p.stage, p.count, self._piece(p.key))
+                for p in self.step_model.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
+                                                context_tokens=context_tokens)
+            )  # fmt: skip
+        layout = self.layout
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
         per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
         whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
         step = self._costs.get(whole)
         if step is None:
-            stages = tuple(self._stage(s, [c for c in costs if c.stage == s], graphed, per_request if s == 0 else 0.0)
-                           for s in range(layout.pp))  # fmt: skip
+            sums = [[0.0] * 6 for _ in range(layout.pp)]
+            for stage, count, piece in priced:
+                total = sums[stage]
+                for i, value in enumerate(piece.sums):
+                    total[i] += count * value
+            stages = tuple(self._stage(s, sums[s], graphed, per_request if s == 0 else 0.0) for s in range(layout.pp))
             step = self._costs[whole] = StepCost(
-                phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens, ops=costs,
-                stages=stages, release=layout.version,
+                phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens,
+                pieces=priced, stages=stages,
+                release=layout.version,
             )  # fmt: skip
         return step
+
+    def _piece(self, key: tuple) -> _Piece:
+        piece = self._pieces.get(key)
+        if piece is None:
+            piece = self._pieces[key] = self._comms(key) if key[0] == "comms" else _Piece(self._op_costs_of(key))
+        return piece
+
+    def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:
+        """The costs of a piece's ops, each run once."""
+        return tuple(self._compute_cost(op) if isinstance(op, Compute) else self._comm_cost(op)
+                     for op in self.step_model.piece_ops(key))  # fmt: skip
+
+    def _comms(self, key: tuple) -> _Piece:
+        """A stage's collectives: summed from each collective's time (the ops and their costs listed when asked)."""
+        comm, hidden, kernels = 0.0, 0.0, 0
+        for _, op, size, group, impl, overlapped, count in self.step_model.comm_calls(key):
+            seconds = collective_s(self.cluster, op, size, group, impl, self._comm_times) * count
+            if overlapped:
+                hidden += seconds
+            else:
+                comm += seconds
+            kernels += count
+        return _Piece(sums=(0.0, 0.0, 0.0, comm, hidden, kernels), costs=lambda: self._op_costs_of(key))
 
     def _compute_cost(self, op: Compute) -> OpCost:
         cost = self._op_costs.get(op)
@@ -190,23 +237,14 @@ class StepCostModel:
             cost = self._op_costs[op] = comm_cost(op, self.cluster, self._comm_times)
         return cost
 
-    def _stage(self, stage: int, costs: list[OpCost], graphed: bool, per_request: float = 0.0) -> StageCost:
-        """One stage's time: its GPU work, and the host's where it is longer. `per_request` is the scheduler's work
-        for the running requests: beside the launches when the scheduler overlaps the GPU, after them otherwise."""
-        parts = dict.fromkeys(PARTS, 0.0)
-        hidden_comm = sum(c.comm_s for c in costs if c.hidden)
-        for c in costs:
-            if c.hidden:
-                continue
-            if c.op_class.value == "comm":
-                parts["comm"] += c.comm_s
-            else:
-                parts["launch"] += c.launch_s
-                parts["compute" if c.compute_s > c.memory_s else "memory"] += c.time_s - c.launch_s
-        busy = parts["compute"] + parts["memory"]
-        parts["comm"] += max(0.0, hidden_comm - busy)
+    def _stage(self, stage: int, sums: list[float], graphed: bool, per_request: float = 0.0) -> StageCost:
+        """One stage's time from the sums of its ops (`_Piece.sums`): its GPU work, and the host's where it is
+        longer. `per_request` is the scheduler's work for the running requests: beside the launches when the
+        scheduler overlaps the GPU, after them otherwise."""
+        compute, memory, launch, comm, hidden_comm, kernels = sums
+        parts = {"compute": compute, "memory": memory, "comm": comm + max(0.0, hidden_comm - compute - memory),
+                 "launch": launch, "host": 0.0}  # fmt: skip
         gpu = sum(parts.values())
-        kernels = sum(c.kernels for c in costs)
         host = self._graph_s if graphed else kernels * self._eager_s
         if self._overlap:
             host += per_request
@@ -214,3 +252,39 @@ class StepCostModel:
         else:  # a scheduler that does not overlap adds its time to every stage
             parts["host"] = max(0.0, host - gpu) + self._scheduler_s + per_request
         return StageCost(stage=stage, gpu_s=gpu, host_s=host, time_s=gpu + parts["host"], parts_s=parts)
+
+
+class _Piece:
+    """The costs of a piece's ops, each run once, and their sums as a stage adds them up: compute-bound and
+    memory-bound GPU time (launches apart), per-kernel GPU time, collectives on the critical path, those two-batch
+    overlap hides, and kernel launches. Every figure is linear in how often the piece runs. `costs` is either the
+    ops' costs or how to price them when asked (a stage's collectives: their sums come from the link model)."""
+
+    __slots__ = ("_costs", "sums")
+
+    def __init__(
+        self,
+        costs: tuple[OpCost, ...] | Callable[[], tuple[OpCost, ...]],
+        sums: tuple[float, ...] | None = None,
+    ) -> None:
+        self._costs = costs
+        if sums is None:
+            assert isinstance(costs, tuple)
+            acc = [0.0] * 6
+            for c in costs:
+                acc[5] += c.kernels
+                if c.hidden:
+                    acc[4] += c.comm_s
+                elif c.op_class.value == "comm":
+                    acc[3] += c.comm_s
+                else:
+                    acc[2] += c.launch_s
+                    acc[0 if c.compute_s > c.memory_s else 1] += c.time_s - c.launch_s
+            sums = tuple(acc)
+        self.sums = sums
+
+    @property
+    def costs(self) -> tuple[OpCost, ...]:
+        if not isinstance(self._costs, tuple):
+            self._costs = self._costs()
+        return self._costs

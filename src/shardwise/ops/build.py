@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
@@ -131,6 +131,16 @@ def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
     return model.layer_attention[layer], model.layer_mlp[layer]
 
 
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Ops that run `count` times on one stage of a step. Its `key` names them: in one step model, pieces with the
+    same key hold the same ops (`StepModel.piece_ops`), so a cost model prices each once and multiplies."""
+
+    stage: int
+    count: int
+    key: tuple
+
+
 class StepModel:
     """A layout's step, ready to be listed for any batch."""
 
@@ -141,6 +151,8 @@ class StepModel:
         self._matrices, self._experts, self._head = self._read_weights()
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
+        self._moe_kinds = [any(mlp == "moe" for _, mlp in kinds) for kinds in self._stage_kinds]
+        self._comm_templates: dict[tuple[int, str, str], list[tuple[int, int, str, tuple[int, ...], bool]]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
 
@@ -196,9 +208,9 @@ class StepModel:
 
     # --- one step ------------------------------------------------------------------------------------
 
-    def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
-        """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
-        prefill) to a context of `context_tokens` already cached."""
+    def pieces(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Piece]:
+        """The ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
+        prefill) to a context of `context_tokens` already cached, as pieces: `ops` lists them whole."""
         lay = self.layout
         rank_requests = math.ceil(requests / (lay.attn_dp * lay.replicas))  # busiest attention-DP rank
         rank_tokens = rank_requests * new_tokens
@@ -212,27 +224,59 @@ class StepModel:
         least = lay.options.overlap_from_tokens[0 if phase is Phase.DECODE else 1]
         split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens >= least
         part = math.ceil(rank_requests / 2)  # the larger half
-        out: list[Op] = []
+        whole_tokens = {"rank": rank_tokens, "stage": stage_tokens, "cached": rank_requests * context_tokens,
+                        "sampled": sampled}  # fmt: skip
+        half_tokens = {"rank": part * new_tokens, "stage": part * new_tokens * lay.attn_dp,
+                       "cached": part * context_tokens, "sampled": sampled}  # fmt: skip
+        out: list[Piece] = []
         for stage, kinds in enumerate(self._stage_kinds):
-            whole, halved = kinds, Counter[tuple[str, str]]()
-            if split:
-                halved = Counter({k: n for k, n in kinds.items() if k[1] == "moe"})
-                whole = kinds - halved
+            halved = split and self._moe_kinds[stage]
             for kind, count in kinds.items():
-                n, requests_here = (2 * count, part) if kind in halved else (count, rank_requests)
-                out += self._layer(
-                    kind, stage=stage, count=n, phase=phase, rank_requests=requests_here,
-                    rank_tokens=requests_here * new_tokens, stage_tokens=requests_here * new_tokens * lay.attn_dp,
-                    new_tokens=new_tokens, context=context_tokens,
-                )  # fmt: skip
+                n, here = (2 * count, part) if halved and kind[1] == "moe" else (count, rank_requests)
+                key = ("layer", kind, phase.value, here, here * new_tokens, here * new_tokens * lay.attn_dp, new_tokens,
+                       context_tokens)  # fmt: skip
+                out.append(Piece(stage=stage, count=n, key=key))
             if halved:
-                out += self._comms(stage, halved, phase=phase, rank_tokens=part * new_tokens, sampled=sampled,
-                                   stage_tokens=part * new_tokens * lay.attn_dp, cached=part * context_tokens,
-                                   halves=2, per_step=False)  # fmt: skip
-            out += self._comms(stage, whole, phase=phase, rank_tokens=rank_tokens, stage_tokens=stage_tokens,
-                               sampled=sampled, cached=rank_requests * context_tokens, per_step=True)  # fmt: skip
-        out += self._ends(sampled=sampled, rank_tokens=rank_tokens)
+                out += self._comm_pieces(stage, phase, "halved", half_tokens)
+            out += self._comm_pieces(stage, phase, "whole" if halved else "all", whole_tokens)
+        out.append(Piece(stage=0, count=1, key=("embedding", rank_tokens)))
+        out.append(Piece(stage=lay.pp - 1, count=1, key=("head", sampled)))
         return out
+
+    def piece_ops(self, key: tuple) -> tuple[Op, ...]:
+        """The ops a piece names, each run once (their stage 0: a piece's place is its own)."""
+        if key[0] == "layer":
+            kind, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = key[1:]
+            return tuple(self._layer(kind, stage=0, count=1, phase=Phase(phase), rank_requests=rank_requests,
+                                     rank_tokens=rank_tokens, stage_tokens=stage_tokens, new_tokens=new_tokens,
+                                     context=context))  # fmt: skip
+        if key[0] == "comms":
+            return tuple(Comm(name=name, stage=0, count=count, collective=op, group=group, size_bytes=size, impl=impl,
+                              overlapped=overlapped)
+                         for name, op, size, group, impl, overlapped, count in self.comm_calls(key))  # fmt: skip
+        if key[0] == "embedding":
+            return (self._embedding(key[1]),)
+        return self._head_ops(key[1])
+
+    def comm_calls(self, key: tuple) -> list[tuple[str, Collective, float, tuple[int, ...], str, bool, int]]:
+        """The collectives of a "comms" piece: (where, collective, bytes, group, implementation, hidden by two-batch
+        overlap, times run)."""
+        _, stage, phase, part, *sizes = key
+        tokens = dict(zip(("rank", "stage", "cached", "sampled"), sizes, strict=True))
+        out = []
+        for index, count, source, group, overlapped in self._comm_template(stage, phase, part):
+            c = self._comm[index]
+            impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
+            out.append((c.where, c.op, c.bytes_per_token * tokens[source], group, impl, overlapped, count))
+        return out
+
+    def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
+        """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
+        prefill) to a context of `context_tokens` already cached."""
+        return [replace(op, stage=p.stage, count=op.count * p.count)
+                for p in self.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
+                                     context_tokens=context_tokens)
+                for op in self.piece_ops(p.key)]  # fmt: skip
 
     def _layer(
         self,
@@ -393,17 +437,32 @@ class StepModel:
             tokens=tokens,
         )
 
-    def _comms(self, stage: int, kinds: Counter[tuple[str, str]], *, phase: Phase, rank_tokens: int,
-               stage_tokens: int, sampled: int, cached: int, per_step: bool, halves: int = 1) -> list[Op]:  # fmt: skip
-        """The collectives of `comm_steps` that run on this stage in this phase: per layer kind, once per step
-        (embedding all-reduce on the first stage, logits all-gather of the sampled tokens on the last), and the
-        hand-offs between stages (counted on the first). `cached` is the tokens the rank's requests hold already.
-        `per_step`: also the once-a-step collectives and the hand-offs. With two-batch overlap (`halves` 2, the
-        sizes one half's) a layer's collectives run once per half, and an all-to-all's dispatch and combine hide
-        behind the other half's compute (SGLang overlaps only those in DeepSeek-V2/V3 layers:
-        operations_strategy.py; with no all-to-all backend, validation_hook.py check_two_batch_overlap: only
-        DeepSeek-V4's)."""
+    def _comm_pieces(self, stage: int, phase: Phase, part: str, tokens: dict[str, int]) -> list[Piece]:
+        """The collectives of this stage in one step, as one piece (none where it runs none), from `tokens` (the
+        rank's new tokens, the stage's, those its requests hold already, those sampled) of the layers `part`
+        names."""
+        if not self._comm_template(stage, phase.value, part):
+            return []
+        key = ("comms", stage, phase.value, part, tokens["rank"], tokens["stage"], tokens["cached"], tokens["sampled"])
+        return [Piece(stage=stage, count=1, key=key)]
+
+    def _comm_template(self, stage: int, phase: str, part: str) -> list[tuple[int, int, str, tuple[int, ...], bool]]:
+        """The collectives of `comm_steps` that run on this stage in this phase, as (which, how often, the tokens it
+        is sized by, its group, hidden): per layer kind, once per step (embedding all-reduce on the first stage,
+        logits all-gather of the sampled tokens on the last), and the hand-offs between stages (counted on the
+        first). `part`: "all" the stage's layers; with two-batch overlap, "halved" its MoE layers, whose
+        collectives run once per half and whose all-to-all's dispatch and combine hide behind the other half's
+        compute (SGLang overlaps only those in DeepSeek-V2/V3 layers: operations_strategy.py; with no all-to-all
+        backend, validation_hook.py check_two_batch_overlap: only DeepSeek-V4's), and "whole" the others, with
+        the once-a-step collectives and the hand-offs."""
+        template = self._comm_templates.get((stage, phase, part))
+        if template is not None:
+            return template
         last = self.layout.pp - 1
+        kinds = self._stage_kinds[stage]
+        if part != "all":
+            kinds = Counter({k: n for k, n in kinds.items() if (k[1] == "moe") == (part == "halved")})
+        per_step, halves = part != "halved", 2 if part == "halved" else 1
         per_count = {
             "layer": sum(kinds.values()),
             "attention_layer": sum(n for (attention, _), n in kinds.items() if attention != "linear"),
@@ -411,16 +470,16 @@ class StepModel:
             "dense_layer": sum(n for (_, mlp), n in kinds.items() if mlp == "dense"),
             "stage_boundary": self.layout.pp - 1 if stage == 0 and per_step else 0,
         }
-        out: list[Op] = []
-        for c in self._comm:
-            if (c.phase is not None and c.phase != phase.value) or (c.per == "step" and not per_step):
+        out = []
+        for index, c in enumerate(self._comm):
+            if (c.phase is not None and c.phase != phase) or (c.per == "step" and not per_step):
                 continue
-            tokens = stage_tokens if c.group == "stage" and c.op is not Collective.ALL_TO_ALL else rank_tokens
+            source = "stage" if c.group == "stage" and c.op is not Collective.ALL_TO_ALL else "rank"
             if c.sized_by == "cached":
-                tokens = cached
+                source = "cached"
             if c.per == "step":  # the logits gather runs where lm_head is, on the sampled tokens only
                 gather = c.op is Collective.ALL_GATHER
-                count, tokens = int(stage == (last if gather else 0)), sampled if gather else rank_tokens
+                count, source = int(stage == (last if gather else 0)), "sampled" if gather else "rank"
             else:
                 count = per_count[c.per] * halves
             if not count:
@@ -429,12 +488,9 @@ class StepModel:
                 group = tuple(g[0] for g in self._groups["stage"][:2])
             else:
                 group = self._group(c.group, c.group_size, stage)
-            out.append(
-                Comm(name=c.where, stage=stage, count=count, collective=c.op, group=group,
-                     size_bytes=c.bytes_per_token * tokens,
-                     impl=self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl",
-                     overlapped=halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL)
-            )  # fmt: skip
+            overlapped = halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL
+            out.append((index, count, source, group, overlapped))
+        self._comm_templates[(stage, phase, part)] = out
         return out
 
     def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
@@ -443,18 +499,21 @@ class StepModel:
         candidates = self._groups[key][stage * per_stage : (stage + 1) * per_stage] or self._groups[key]
         return tuple(candidates[0][:size])
 
-    def _ends(self, *, sampled: int, rank_tokens: int) -> list[Op]:
-        """Embedding lookup on the first stage; lm_head (on the sampled tokens) and sampling on the last."""
-        h, vocab, lay = self.model.hidden_size, self.model.vocab_size, self.layout
-        last = lay.pp - 1
-        ops: list[Op] = [
-            Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
-                    bytes=2 * rank_tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16"),
-            Compute(name="lm_head", op_class=OpClass.GEMM, stage=last, count=1,
+    def _embedding(self, rank_tokens: int) -> Compute:
+        """The embedding lookup, on the first stage."""
+        return Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
+                       bytes=2 * rank_tokens * self.model.hidden_size * ACT_BYTES, weight_bytes=0.0,
+                       dtype="bf16")  # fmt: skip
+
+    def _head_ops(self, sampled: int) -> tuple[Op, ...]:
+        """lm_head (on the sampled tokens) and sampling, on the last stage (listed at stage 0: a piece's place is
+        its own)."""
+        vocab, lay = self.model.vocab_size, self.layout
+        return (
+            Compute(name="lm_head", op_class=OpClass.GEMM, stage=0, count=1,
                     flops=2 * sampled * self._head.params,
                     bytes=self._head.bytes + sampled * vocab / lay.lm_head_tp * 4,
                     weight_bytes=self._head.bytes, dtype=self._head.dtype, gemms=self._head.gemms, tokens=sampled),
-            Compute(name="sampling", op_class=OpClass.SAMPLING, stage=last, count=1, flops=0.0,
+            Compute(name="sampling", op_class=OpClass.SAMPLING, stage=0, count=1, flops=0.0,
                     bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4),
-        ]  # fmt: skip
-        return ops
+        )  # fmt: skip

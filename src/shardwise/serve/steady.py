@@ -44,7 +44,7 @@ from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Prediction:
     concurrency: int
     running: int  # requests decoding at once

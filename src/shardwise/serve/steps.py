@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from shardwise.cost.step import StepCost, StepCostModel
 from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
-from shardwise.ops.build import StepModel
 from shardwise.ops.types import Phase
 from shardwise.serve.speculative import SpecPlan, check_accept_length, spec_plan
 from shardwise.spec.cluster import ClusterSpec
@@ -57,7 +56,7 @@ class StepTimes:
     ) -> None:
         self.layout = layout
         self.prefill_scale = prefill_scale  # a what-if: every prefill step takes this multiple of its priced time
-        self.target = StepCostModel(StepModel(model, layout, cluster), tables=tables)
+        self.target = StepCostModel.of(model, layout, cluster, tables=tables)
         self.plan: SpecPlan | None = None
         self.draft: StepCostModel | None = None
         self.tokens = 1.0
@@ -80,7 +79,7 @@ class StepTimes:
                 # the drafter runs on the target's GPUs inside the engine step: no scheduler step of its own
                 options = layout.options.model_copy(update={"spec": None, "overlap_schedule": True})
                 draft_layout = layout.model_copy(update={"pp": 1, "options": options})
-                self.draft = StepCostModel(StepModel(drafter.model, draft_layout, cluster), tables=tables)
+                self.draft = StepCostModel.of(drafter.model, draft_layout, cluster, tables=tables)
         self._decode: dict[tuple[int, int], DecodeCycle] = {}
         self._prefill: dict[tuple[int, int, int], float] = {}
 
