@@ -8,7 +8,7 @@ from shardwise.engines.base import get_engine
 from shardwise.engines.check import check_command
 from shardwise.hardware.load import overheads
 from shardwise.ops.build import StepModel
-from shardwise.ops.types import Comm, Compute, Phase
+from shardwise.ops.types import Comm, Compute, OpClass, Phase
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
 from shardwise.spec.weights import model_weights
@@ -152,3 +152,33 @@ def test_layouts_that_differ_only_in_memory_or_launching_share_their_op_costs():
     read_fp8 = fp8.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
     attention = [o for o in read_fp8.ops if o.op_class.value == "attention"]
     assert sum(o.bytes for o in attention) < sum(o.bytes for o in graphed.ops if o.op_class.value == "attention")
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "flags"),
+    [
+        ("kimi-k2.6", "8xrtx-pro-6000", "--tp 8 --ep 8"),
+        ("kimi-k2.6", "8xrtx-pro-6000", "--tp 4 --pp-size 2 --enable-dp-attention --dp 2 --ep 2"),
+        ("deepseek-v3", "8xh200", "--tp 8 --enable-two-batch-overlap --moe-a2a-backend deepep --ep 8"),
+    ],
+)
+def test_a_steps_stages_add_up_its_listed_ops(model, gpus, flags):
+    """A step's stages are summed from its pieces, each priced once and counted as often as it runs; the ops it lists
+    are those pieces run as often. Both must give each stage the same GPU time: its ops' time on the critical path,
+    plus what collectives two-batch overlap hides outlast beside the compute."""
+    cluster, spec = load_cluster(gpus), load_model(model)
+    setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=spec, cluster=cluster)
+    assert setup.valid, setup.rejections
+    costs = StepCostModel.of(spec, setup.layout, cluster)
+    for phase, requests, new in ((Phase.DECODE, 64, 1), (Phase.PREFILL, 4, 1024)):
+        step = costs.step(phase=phase, requests=requests, new_tokens=new, context_tokens=1024)
+        if setup.layout.options.two_batch_overlap and phase is Phase.DECODE:
+            assert any(o.hidden for o in step.ops)  # the overlapped case is the one it checks
+        for stage in step.stages:
+            ops = [o for o in step.ops if o.stage == stage.stage]
+            shown = [o for o in ops if not o.hidden]
+            busy = sum(o.time_s - o.launch_s for o in shown if o.op_class is not OpClass.COMM)
+            hidden = sum(o.comm_s for o in ops if o.hidden)
+            gpu = sum(o.time_s for o in shown) + max(0.0, hidden - busy)
+            assert stage.gpu_s == pytest.approx(gpu, rel=1e-12)
+            assert stage.gpu_s > 0

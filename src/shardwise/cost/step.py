@@ -16,7 +16,7 @@ from functools import cached_property
 
 from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
-from shardwise.engines.layout import Layout
+from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
 from shardwise.ops.build import StepModel
 from shardwise.ops.types import Comm, Compute, Phase
@@ -165,7 +165,7 @@ class StepCostModel:
     @classmethod
     def of(cls, model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, tables: bool = True) -> StepCostModel:
         """The cost model of `layout`, its step model shared with every layout whose ops cost the same."""
-        shared = _shared_costs(model, layout, cluster, tables)
+        shared = _shared_costs(with_kv_dtype(model, layout), layout, cluster, tables)  # the table __init__ reads
         step_model = shared.get("step model")
         if step_model is None:
             step_model = shared["step model"] = StepModel(model, layout, cluster)
