@@ -3,11 +3,12 @@
 import pytest
 
 from shardwise.cost.memory import memory_ledger
+from shardwise.cost.roofline import compute_cost
 from shardwise.cost.step import StepCostModel
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import check_command
 from shardwise.hardware.load import overheads
-from shardwise.ops.build import StepModel
+from shardwise.ops.build import StepModel, layer_op_keys, op_for
 from shardwise.ops.types import Comm, Compute, OpClass, Phase
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
@@ -182,3 +183,30 @@ def test_a_steps_stages_add_up_its_listed_ops(model, gpus, flags):
             gpu = sum(o.time_s for o in shown) + max(0.0, hidden - busy)
             assert stage.gpu_s == pytest.approx(gpu, rel=1e-12)
             assert stage.gpu_s > 0
+
+
+def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
+    """A layer's ops are priced by their keys, without building them: a key must hold everything its op is built
+    from. Layouts that split attention alike run the same attention op (one key, one cost); an FP8 KV cache or
+    another split reads other bytes, so its key differs; and the cost found by a key is that of the op it names."""
+    cluster, model = load_cluster("8xrtx-pro-6000"), load_model("kimi-k2.6")
+
+    def priced(flags: str) -> StepCostModel:
+        setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=model, cluster=cluster)
+        return StepCostModel.of(model, setup.layout, cluster)
+
+    def keys(costs: StepCostModel) -> dict[str, tuple]:
+        piece = next(p for p in costs.step_model.pieces(phase=Phase.DECODE, requests=8, new_tokens=1,
+                                                        context_tokens=1024)
+                     if p.key[0] == "layer" and p.key[1].kind[1] == "moe")  # fmt: skip
+        return {k[0]: k for k in layer_op_keys(*piece.key[1:])}
+
+    tp8, ep8 = keys(priced("--tp 8")), keys(priced("--tp 8 --ep 8"))
+    fp8, tp4 = keys(priced("--tp 8 --kv-cache-dtype fp8_e4m3")), keys(priced("--tp 4 --pp-size 2"))
+    assert tp8["attention"] == ep8["attention"] and tp8["attention"][1] is ep8["attention"][1]  # interned: one object
+    assert tp8["experts"] != ep8["experts"]  # EP8 reads whole experts, TP8 an eighth of each
+    assert op_for(fp8["attention"]).bytes == pytest.approx(op_for(tp8["attention"]).bytes / 2)  # FP8 against BF16
+    assert op_for(tp4["attention"]).flops == pytest.approx(2 * op_for(tp8["attention"]).flops)  # twice the heads
+    costs = priced("--tp 8")
+    for key in tp8.values():
+        assert costs._keyed_cost(key) == compute_cost(op_for(key), costs.rates, costs._measured.time(op_for(key)))

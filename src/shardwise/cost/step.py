@@ -18,7 +18,7 @@ from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
-from shardwise.ops.build import StepModel
+from shardwise.ops.build import StepModel, layer_op_keys, op_for
 from shardwise.ops.types import Comm, Compute, Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -207,9 +207,21 @@ class StepCostModel:
         return piece
 
     def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:
-        """The costs of a piece's ops, each run once."""
+        """The costs of a piece's ops, each run once (a layer's by its ops' keys: no op is built twice)."""
+        if key[0] == "layer":
+            return tuple(self._keyed_cost(k) for k in layer_op_keys(*key[1:]))
         return tuple(self._compute_cost(op) if isinstance(op, Compute) else self._comm_cost(op)
                      for op in self.step_model.piece_ops(key))  # fmt: skip
+
+    def _keyed_cost(self, key: tuple) -> OpCost:
+        """The cost of the op `key` names (`op_for`): remembered by its key beside the ops remembered whole."""
+        cost = self._op_costs.get(key)
+        if cost is None:
+            if len(self._op_costs) >= REMEMBERED_OPS:
+                self._op_costs.clear()
+            op = op_for(key)
+            cost = self._op_costs[key] = compute_cost(op, self.rates, self._measured.time(op))
+        return cost
 
     def _comms(self, key: tuple) -> _Piece:
         """A stage's collectives: summed from each collective's time (the ops and their costs listed when asked)."""

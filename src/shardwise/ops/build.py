@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Any
 
 from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
@@ -30,6 +31,8 @@ ACT_BYTES = 2  # activations travel in BF16
 FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up",
          "q_a_proj": "qkv_a", "kv_a_proj_with_mqa": "qkv_a"}  # fmt: skip
 ROW_PARALLEL = ("o_proj", "down_proj", "out_proj")  # split along their input under tensor parallelism
+_PHASES = {p.value: p for p in Phase}
+_SIZED_BY = ("rank", "stage", "cached", "sampled")  # the tokens a collective is sized by, as a comms key lists them
 
 
 @dataclass(frozen=True)
@@ -134,11 +137,83 @@ def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
 @dataclass(frozen=True, slots=True)
 class Piece:
     """Ops that run `count` times on one stage of a step. Its `key` names them: in one step model, pieces with the
-    same key hold the same ops (`StepModel.piece_ops`), so a cost model prices each once and multiplies."""
+    same key hold the same ops (`StepModel.piece_ops`), so a cost model prices each once and multiplies. A layer's key
+    holds the layer's interned inputs (`LayerInputs`); its ops' own keys (`layer_op_keys`) name each op on any
+    layout, so an op's cost is found without building the op."""
 
     stage: int
     count: int
     key: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class GemmInputs:
+    """One matrix's GEMM as a layer runs it."""
+
+    model: ModelSpec
+    matrix: _Matrix
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionInputs:
+    """One layer's attention kernel: the model (as its KV cache stores it), the layer's attention type, its split."""
+
+    model: ModelSpec
+    attention: str
+    attn_tp: int
+    dcp: int
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertInputs:
+    """One layer's routed experts: the busiest rank's slice of one expert, and how they are spread."""
+
+    model: ModelSpec
+    experts: _Matrix
+    moe_ep: int
+    moe_tp: int
+    eplb: bool
+
+
+@dataclass(frozen=True, eq=False)
+class LayerInputs:
+    """Everything a layer kind's ops are built from besides the batch."""
+
+    model: ModelSpec
+    kind: tuple[str, str]
+    gemms: tuple[GemmInputs, ...]
+    attention: AttentionInputs
+    experts: ExpertInputs | None
+    gathered: bool  # the shared experts and router see every attention-DP rank's tokens
+    dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
+
+
+_INTERNED: dict[tuple, object] = {}
+MAX_INTERNED = 16_384  # distinct op inputs remembered (a search of 64 GPUs: a few thousand)
+
+
+def _interned(cls: type, model: ModelSpec, *fields: object) -> Any:
+    """The one object of `cls` with these fields: op inputs are interned, so an op key that holds them hashes and
+    compares by identity, and layouts that run the same op share its key (and so its cost)."""
+    key = (cls, id(model), *fields)
+    held = _INTERNED.get(key)
+    if held is None or held.model is not model:  # type: ignore[attr-defined]
+        if len(_INTERNED) >= MAX_INTERNED:
+            _INTERNED.clear()
+        held = _INTERNED[key] = cls(model, *fields)
+    return held
+
+
+def layer_inputs(model: ModelSpec, kind: tuple[str, str], matrices: list[_Matrix], experts: _Matrix | None,
+                 layout: Layout) -> LayerInputs:  # fmt: skip
+    """The interned inputs of one layer kind's ops under `layout` (`model` as its KV cache stores it)."""
+    gemms = tuple(_interned(GemmInputs, model, m) for m in matrices)
+    attention = _interned(AttentionInputs, model, kind[0], layout.attn_tp, layout.dcp)
+    routed = None if experts is None else _interned(ExpertInputs, model, experts, layout.moe_ep, layout.moe_tp,
+                                                    layout.options.eplb)  # fmt: skip
+    gathered = layout.attn_dp > 1 and layout.moe_comm != "all2all"
+    return _interned(LayerInputs, model, kind, gemms, attention, routed, gathered,
+                     layout.attn_dp > 1 and layout.dense_tp > 1)  # fmt: skip
 
 
 class StepModel:
@@ -148,11 +223,13 @@ class StepModel:
         self.model, self.layout, self.cluster = with_kv_dtype(model, layout), layout, cluster
         self._groups = groups(layout)
         self._stage_kinds = self._count_kinds()
-        self._matrices, self._experts, self._head = self._read_weights()
+        matrices, experts, self._head = self._read_weights()
+        self._layers = {kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout)
+                        for kind, mats in matrices.items()}  # fmt: skip
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
         self._moe_kinds = [any(mlp == "moe" for _, mlp in kinds) for kinds in self._stage_kinds]
-        self._comm_templates: dict[tuple[int, str, str], list[tuple[int, int, str, tuple[int, ...], bool]]] = {}
+        self._comm_templates: dict[tuple[int, str, str], list[tuple]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
 
@@ -233,8 +310,8 @@ class StepModel:
             halved = split and self._moe_kinds[stage]
             for kind, count in kinds.items():
                 n, here = (2 * count, part) if halved and kind[1] == "moe" else (count, rank_requests)
-                key = ("layer", kind, phase.value, here, here * new_tokens, here * new_tokens * lay.attn_dp, new_tokens,
-                       context_tokens)  # fmt: skip
+                key = ("layer", self._layers[kind], phase.value, here, here * new_tokens,
+                       here * new_tokens * lay.attn_dp, new_tokens, context_tokens)  # fmt: skip
                 out.append(Piece(stage=stage, count=n, key=key))
             if halved:
                 out += self._comm_pieces(stage, phase, "halved", half_tokens)
@@ -246,10 +323,7 @@ class StepModel:
     def piece_ops(self, key: tuple) -> tuple[Op, ...]:
         """The ops a piece names, each run once (their stage 0: a piece's place is its own)."""
         if key[0] == "layer":
-            kind, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = key[1:]
-            return tuple(self._layer(kind, stage=0, count=1, phase=Phase(phase), rank_requests=rank_requests,
-                                     rank_tokens=rank_tokens, stage_tokens=stage_tokens, new_tokens=new_tokens,
-                                     context=context))  # fmt: skip
+            return tuple(op_for(k) for k in layer_op_keys(*key[1:]))
         if key[0] == "comms":
             return tuple(Comm(name=name, stage=0, count=count, collective=op, group=group, size_bytes=size, impl=impl,
                               overlapped=overlapped)
@@ -261,14 +335,10 @@ class StepModel:
     def comm_calls(self, key: tuple) -> list[tuple[str, Collective, float, tuple[int, ...], str, bool, int]]:
         """The collectives of a "comms" piece: (where, collective, bytes, group, implementation, hidden by two-batch
         overlap, times run)."""
-        _, stage, phase, part, *sizes = key
-        tokens = dict(zip(("rank", "stage", "cached", "sampled"), sizes, strict=True))
-        out = []
-        for index, count, source, group, overlapped in self._comm_template(stage, phase, part):
-            c = self._comm[index]
-            impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
-            out.append((c.where, c.op, c.bytes_per_token * tokens[source], group, impl, overlapped, count))
-        return out
+        _, stage, phase, part, *tokens = key  # the rank's new tokens, the stage's, those cached, those sampled
+        return [(where, op, per_token * tokens[source], group, impl, overlapped, count)
+                for where, op, per_token, source, group, impl, overlapped, count
+                in self._comm_template(stage, phase, part)]  # fmt: skip
 
     def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
         """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
@@ -277,165 +347,6 @@ class StepModel:
                 for p in self.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
                                      context_tokens=context_tokens)
                 for op in self.piece_ops(p.key)]  # fmt: skip
-
-    def _layer(
-        self,
-        kind: tuple[str, str],
-        *,
-        stage: int,
-        count: int,
-        phase: Phase,
-        rank_requests: int,
-        rank_tokens: int,
-        stage_tokens: int,
-        new_tokens: int,
-        context: int,
-    ) -> list[Op]:
-        h = self.model.hidden_size
-        ops: list[Op] = []
-        lay = self.layout
-        gathered = lay.attn_dp > 1 and lay.moe_comm != "all2all"  # the MoE block sees every DP rank's tokens
-        for m in self._matrices[kind]:
-            if m.name.startswith(("shared_experts", "router")):
-                tokens = stage_tokens if gathered else rank_tokens
-            elif m.name.startswith("dense_mlp"):
-                tokens = stage_tokens if lay.attn_dp > 1 and lay.dense_tp > 1 else rank_tokens
-            else:
-                tokens = rank_tokens
-            ops.append(
-                Compute(
-                    name=m.name,
-                    op_class=OpClass.GEMM,
-                    stage=stage,
-                    count=count,
-                    flops=2 * tokens * m.params,
-                    bytes=m.bytes + tokens * ACT_BYTES * (h + m.params / h),
-                    weight_bytes=m.bytes,
-                    dtype=m.dtype,
-                    kernels=_gemm_kernels(m.name, self.model, phase),
-                    gemms=() if _absorbed(m.name, self.model, phase) else m.gemms,
-                    untimed_kernels=int(m.name in ("dense_mlp", "shared_experts")),  # the activation
-                    tokens=tokens,
-                )
-            )
-        ops.append(self._attention(kind[0], stage, count, phase, rank_requests, new_tokens, context))
-        # two residual-add norms, rotary, cache write (+ the q_a and kv_a norms of MLA), the MoE output add
-        elementwise = (6 if self.model.attention.kind == "mla" else 4) + (kind[1] == "moe")
-        ops.append(
-            Compute(
-                name="norms, rotary, residual",
-                op_class=OpClass.ELEMENTWISE,
-                stage=stage,
-                count=count,
-                flops=0.0,
-                bytes=elementwise * 2 * rank_tokens * h * ACT_BYTES,
-                weight_bytes=0.0,
-                dtype="bf16",
-                kernels=elementwise,
-            )
-        )
-        if kind[1] == "moe":
-            ops.append(self._routed_experts(kind, stage, count, stage_tokens))
-        return ops
-
-    def _attention(
-        self, attention: str, stage: int, count: int, phase: Phase, requests: int, new_tokens: int, context: int
-    ) -> Compute:
-        """The attention kernel of one layer: reads every cached token of every request once, and computes
-        each new token against them (prefill: causal, so the chunk's own tokens count half)."""
-        model, lay = self.model, self.layout
-        att = model.attention
-        heads = att.num_heads / lay.attn_tp
-        if attention == "linear" and model.linear_attention is not None:
-            state = model.linear_state_bytes / max(1, sum(k == "linear" for k in model.layer_attention))
-            lin = model.linear_attention
-            flops = 4 * requests * new_tokens * lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
-            return Compute(
-                name="linear attention", op_class=OpClass.ATTENTION, stage=stage, count=count,
-                flops=flops / lay.attn_tp, bytes=2 * requests * state / lay.attn_tp, weight_bytes=0.0,
-                dtype="bf16", kernels=3,
-            )  # fmt: skip
-        seen = context + (new_tokens / 2 if phase is Phase.PREFILL else new_tokens)
-        full_length = context + new_tokens  # what a decode table is looked up at (with its window, if any)
-        window = model.sliding_window if attention == "sliding" and model.sliding_window else 0
-        if window:
-            seen = min(seen, window)
-            context = min(context, window)
-        cached = context + new_tokens
-        per_token_cache = model.kv_bytes_per_token_per_layer()
-        if att.kind == "mla" and att.mla is not None:
-            latent = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim
-            if phase is Phase.DECODE:  # absorbed: scores over the latent + rope key, values from the latent
-                per_pair = 2 * (latent + att.mla.kv_lora_rank)
-            else:  # prefill expands the latent into per-head keys and values
-                per_pair = 2 * (att.head_dim + att.mla.v_head_dim)
-            cache_share = 1.0 / lay.dcp  # the latent is replicated over attention TP; DCP interleaves it
-        else:
-            per_pair = 2 * 2 * att.head_dim
-            kv_heads = att.num_kv_heads
-            cache_share = max(1, kv_heads // max(1, lay.attn_tp)) / kv_heads / lay.dcp
-        flops = requests * new_tokens * heads * seen * per_pair / lay.dcp
-        kv_bytes = requests * cached * per_token_cache * cache_share
-        measured_shape, gqa_shape = None, None
-        one_query = phase is Phase.DECODE and new_tokens == 1 and lay.dcp == 1
-        if att.kind == "mla" and one_query:
-            measured_shape = MLADecodeShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
-        elif att.kind != "mla" and one_query and heads == int(heads):
-            gqa_shape = GQADecodeShape(
-                heads=int(heads), kv_heads=max(1, att.num_kv_heads // max(1, lay.attn_tp)), head_dim=att.head_dim,
-                kv_bytes=int(model.kv_bytes_per_element), window=window,
-            )  # fmt: skip
-        return Compute(
-            name="attention",
-            op_class=OpClass.ATTENTION,
-            stage=stage,
-            count=count,
-            flops=flops,
-            bytes=kv_bytes,
-            weight_bytes=0.0,
-            dtype="bf16",
-            kernels=2,  # split-KV partials + merge
-            mla_decode=measured_shape,
-            gqa_decode=gqa_shape,
-            tokens=requests,
-            context=int(full_length),
-        )
-
-    def _routed_experts(self, kind: tuple[str, str], stage: int, count: int, tokens: int) -> Compute:
-        """The grouped expert GEMMs of the busiest EP rank: the distinct experts it must read, the token-expert
-        pairs it must compute."""
-        moe, lay = self.model.moe, self.layout
-        assert moe is not None
-        one = self._experts[kind]
-        load = busiest_rank(
-            tokens=tokens,  # every token of the stage is routed, whichever way it travels
-            num_experts=moe.num_experts,
-            top_k=moe.top_k,
-            ranks=lay.moe_ep,
-            balanced=lay.options.eplb,
-        )
-        h = self.model.hidden_size
-        return Compute(
-            name="routed experts",
-            op_class=OpClass.EXPERTS,
-            stage=stage,
-            count=count,
-            flops=2 * load.assignments * one.params,
-            bytes=load.distinct_experts * one.bytes + load.assignments * ACT_BYTES * (2 * h + 3 * one.params / h),
-            weight_bytes=load.distinct_experts * one.bytes,
-            dtype=one.dtype,
-            kernels=9,  # top-k, expert map, align/sort (2), workspace zeroing, gate-up GEMM, activation, down, sum
-            moe=MoEShape(
-                weight_format=one.fmt,
-                hidden=h,
-                inter=moe.expert_intermediate_size,
-                topk=moe.top_k,
-                experts=moe.num_experts,
-                moe_tp=lay.moe_tp,
-                moe_ep=lay.moe_ep,
-            ),  # fmt: skip
-            tokens=tokens,
-        )
 
     def _comm_pieces(self, stage: int, phase: Phase, part: str, tokens: dict[str, int]) -> list[Piece]:
         """The collectives of this stage in one step, as one piece (none where it runs none), from `tokens` (the
@@ -446,9 +357,10 @@ class StepModel:
         key = ("comms", stage, phase.value, part, tokens["rank"], tokens["stage"], tokens["cached"], tokens["sampled"])
         return [Piece(stage=stage, count=1, key=key)]
 
-    def _comm_template(self, stage: int, phase: str, part: str) -> list[tuple[int, int, str, tuple[int, ...], bool]]:
-        """The collectives of `comm_steps` that run on this stage in this phase, as (which, how often, the tokens it
-        is sized by, its group, hidden): per layer kind, once per step (embedding all-reduce on the first stage,
+    def _comm_template(self, stage: int, phase: str, part: str) -> list[tuple]:
+        """The collectives of `comm_steps` that run on this stage in this phase, as (where, collective, bytes per token,
+        the tokens it is sized by (their place in `_SIZED_BY`), its group, implementation, hidden, how often): per
+        layer kind, once per step (embedding all-reduce on the first stage,
         logits all-gather of the sampled tokens on the last), and the hand-offs between stages (counted on the
         first). `part`: "all" the stage's layers; with two-batch overlap, "halved" its MoE layers, whose
         collectives run once per half and whose all-to-all's dispatch and combine hide behind the other half's
@@ -471,7 +383,7 @@ class StepModel:
             "stage_boundary": self.layout.pp - 1 if stage == 0 and per_step else 0,
         }
         out = []
-        for index, c in enumerate(self._comm):
+        for c in self._comm:
             if (c.phase is not None and c.phase != phase) or (c.per == "step" and not per_step):
                 continue
             source = "stage" if c.group == "stage" and c.op is not Collective.ALL_TO_ALL else "rank"
@@ -489,7 +401,8 @@ class StepModel:
             else:
                 group = self._group(c.group, c.group_size, stage)
             overlapped = halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL
-            out.append((index, count, source, group, overlapped))
+            impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
+            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), group, impl, overlapped, count))
         self._comm_templates[(stage, phase, part)] = out
         return out
 
@@ -517,3 +430,162 @@ class StepModel:
             Compute(name="sampling", op_class=OpClass.SAMPLING, stage=0, count=1, flops=0.0,
                     bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4),
         )  # fmt: skip
+
+
+def layer_op_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_tokens: int, stage_tokens: int,
+                  new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
+    """The keys of one layer's ops (run once) for a batch: `rank_requests` requests of the busiest attention-DP rank
+    adding `new_tokens` each (`rank_tokens` in all; `stage_tokens` over the stage's DP ranks) to `context` cached
+    tokens each. A key holds all its op is built from (`op_for`): equal keys, equal ops, on any layout."""
+    keys: list[tuple] = []
+    for g in inputs.gemms:
+        name = g.matrix.name
+        if name.startswith(("shared_experts", "router")):
+            tokens = stage_tokens if inputs.gathered else rank_tokens
+        elif name.startswith("dense_mlp"):
+            tokens = stage_tokens if inputs.dense_gathered else rank_tokens
+        else:
+            tokens = rank_tokens
+        keys.append(("gemm", g, phase, tokens))
+    keys.append(("attention", inputs.attention, phase, rank_requests, new_tokens, context))
+    # two residual-add norms, rotary, cache write (+ the q_a and kv_a norms of MLA), the MoE output add
+    elementwise = (6 if inputs.model.attention.kind == "mla" else 4) + (inputs.kind[1] == "moe")
+    keys.append(("elementwise", elementwise, inputs.model.hidden_size, rank_tokens))
+    if inputs.experts is not None:
+        keys.append(("experts", inputs.experts, stage_tokens))
+    return keys
+
+
+def op_for(key: tuple) -> Compute:
+    """The op a key from `layer_op_keys` names, run once on stage 0."""
+    what = key[0]
+    if what == "gemm":
+        return _gemm(key[1], _PHASES[key[2]], key[3])
+    if what == "attention":
+        _, inputs, phase, requests, new_tokens, context = key
+        return _attention(inputs, _PHASES[phase], requests, new_tokens, context)
+    if what == "elementwise":
+        _, kernels, h, tokens = key
+        return Compute(name="norms, rotary, residual", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
+                       bytes=kernels * 2 * tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16",
+                       kernels=kernels)  # fmt: skip
+    return _routed_experts(key[1], key[2])
+
+
+def _gemm(inputs: GemmInputs, phase: Phase, tokens: int) -> Compute:
+    """One matrix's GEMM over `tokens` tokens."""
+    m, model = inputs.matrix, inputs.model
+    h = model.hidden_size
+    return Compute(
+        name=m.name,
+        op_class=OpClass.GEMM,
+        stage=0,
+        count=1,
+        flops=2 * tokens * m.params,
+        bytes=m.bytes + tokens * ACT_BYTES * (h + m.params / h),
+        weight_bytes=m.bytes,
+        dtype=m.dtype,
+        kernels=_gemm_kernels(m.name, model, phase),
+        gemms=() if _absorbed(m.name, model, phase) else m.gemms,
+        untimed_kernels=int(m.name in ("dense_mlp", "shared_experts")),  # the activation
+        tokens=tokens,
+    )
+
+
+def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens: int, context: int) -> Compute:
+    """The attention kernel of one layer: reads every cached token of every request once, and computes each new
+    token against them (prefill: causal, so the chunk's own tokens count half)."""
+    model, attention = inputs.model, inputs.attention
+    att = model.attention
+    heads = att.num_heads / inputs.attn_tp
+    if attention == "linear" and model.linear_attention is not None:
+        state = model.linear_state_bytes / max(1, sum(k == "linear" for k in model.layer_attention))
+        lin = model.linear_attention
+        flops = 4 * requests * new_tokens * lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
+        return Compute(
+            name="linear attention", op_class=OpClass.ATTENTION, stage=0, count=1,
+            flops=flops / inputs.attn_tp, bytes=2 * requests * state / inputs.attn_tp, weight_bytes=0.0,
+            dtype="bf16", kernels=3,
+        )  # fmt: skip
+    seen = context + (new_tokens / 2 if phase is Phase.PREFILL else new_tokens)
+    full_length = context + new_tokens  # what a decode table is looked up at (with its window, if any)
+    window = model.sliding_window if attention == "sliding" and model.sliding_window else 0
+    if window:
+        seen = min(seen, window)
+        context = min(context, window)
+    cached = context + new_tokens
+    per_token_cache = model.kv_bytes_per_token_per_layer()
+    if att.kind == "mla" and att.mla is not None:
+        latent = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim
+        if phase is Phase.DECODE:  # absorbed: scores over the latent + rope key, values from the latent
+            per_pair = 2 * (latent + att.mla.kv_lora_rank)
+        else:  # prefill expands the latent into per-head keys and values
+            per_pair = 2 * (att.head_dim + att.mla.v_head_dim)
+        cache_share = 1.0 / inputs.dcp  # the latent is replicated over attention TP; DCP interleaves it
+    else:
+        per_pair = 2 * 2 * att.head_dim
+        kv_heads = att.num_kv_heads
+        cache_share = max(1, kv_heads // max(1, inputs.attn_tp)) / kv_heads / inputs.dcp
+    flops = requests * new_tokens * heads * seen * per_pair / inputs.dcp
+    kv_bytes = requests * cached * per_token_cache * cache_share
+    measured_shape, gqa_shape = None, None
+    one_query = phase is Phase.DECODE and new_tokens == 1 and inputs.dcp == 1
+    if att.kind == "mla" and one_query:
+        measured_shape = MLADecodeShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
+    elif att.kind != "mla" and one_query and heads == int(heads):
+        gqa_shape = GQADecodeShape(
+            heads=int(heads), kv_heads=max(1, att.num_kv_heads // max(1, inputs.attn_tp)), head_dim=att.head_dim,
+            kv_bytes=int(model.kv_bytes_per_element), window=window,
+        )  # fmt: skip
+    return Compute(
+        name="attention",
+        op_class=OpClass.ATTENTION,
+        stage=0,
+        count=1,
+        flops=flops,
+        bytes=kv_bytes,
+        weight_bytes=0.0,
+        dtype="bf16",
+        kernels=2,  # split-KV partials + merge
+        mla_decode=measured_shape,
+        gqa_decode=gqa_shape,
+        tokens=requests,
+        context=int(full_length),
+    )
+
+
+def _routed_experts(inputs: ExpertInputs, tokens: int) -> Compute:
+    """The grouped expert GEMMs of the busiest EP rank: the distinct experts it must read, the token-expert pairs it
+    must compute."""
+    model = inputs.model
+    moe, one = model.moe, inputs.experts
+    assert moe is not None and one is not None
+    load = busiest_rank(
+        tokens=tokens,  # every token of the stage is routed, whichever way it travels
+        num_experts=moe.num_experts,
+        top_k=moe.top_k,
+        ranks=inputs.moe_ep,
+        balanced=inputs.eplb,
+    )
+    h = model.hidden_size
+    return Compute(
+        name="routed experts",
+        op_class=OpClass.EXPERTS,
+        stage=0,
+        count=1,
+        flops=2 * load.assignments * one.params,
+        bytes=load.distinct_experts * one.bytes + load.assignments * ACT_BYTES * (2 * h + 3 * one.params / h),
+        weight_bytes=load.distinct_experts * one.bytes,
+        dtype=one.dtype,
+        kernels=9,  # top-k, expert map, align/sort (2), workspace zeroing, gate-up GEMM, activation, down, sum
+        moe=MoEShape(
+            weight_format=one.fmt,
+            hidden=h,
+            inter=moe.expert_intermediate_size,
+            topk=moe.top_k,
+            experts=moe.num_experts,
+            moe_tp=inputs.moe_tp,
+            moe_ep=inputs.moe_ep,
+        ),  # fmt: skip
+        tokens=tokens,
+    )
