@@ -250,3 +250,17 @@ def test_vllm_layouts_whose_pool_is_shorter_than_the_context_are_searched_with_a
         assert memory_ledger(checked.model, checked.setup.layout, cluster).verdict == "ok"
         default = {k: v for k, v in c.setup.given.items() if k != "max_model_len"}
         assert not any(o.setup.given == default for o in t.result.candidates)  # it did not start at its default
+
+
+def test_what_a_search_lets_go_comes_back_as_it_was_priced(user_case):
+    """A search keeps of each setup only its options, layout and figures: its engine setup and memory ledger are made
+    again when a report asks. They must be those the search priced: the same layout, and a KV pool that caps the
+    running requests where the predictions were capped (the last level is beyond every pool). Setups that differ
+    only in their memory fraction share their predictions wherever they run as many requests."""
+    result = user_case.result
+    isl, osl = result.isl, result.osl
+    assert result.concurrency[-1] > max(c.memory.max_concurrency(isl=isl, osl=osl) for c in result.candidates)
+    for c in result.candidates:
+        assert c.held_setup is None and c.ledger is None  # let go by the search
+        assert c.setup.valid and c.setup.layout == c.layout and c.setup.given == c.given
+        assert c.predictions[-1].running == c.memory.max_concurrency(isl=isl, osl=osl)

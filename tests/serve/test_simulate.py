@@ -1,6 +1,7 @@
 """The serving simulation against the analytic model, queueing laws and hand-worked cases."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -208,3 +209,24 @@ def test_replicas_behind_a_router_add_up():
     two = simulate(two_steps, two_memory, closed(2, 20))
     assert two.output_tok_s == pytest.approx(2 * one.output_tok_s, rel=0.01)
     assert two.tpot_s.mean == pytest.approx(one.tpot_s.mean, rel=0.01)
+
+
+def test_setups_differing_only_in_memory_share_their_predictions_where_they_run_as_many_requests():
+    """A search predicts each layout with its memory fraction raised too: the steps cost the same, so up to the
+    smaller KV pool the two predictions are one; beyond it the larger pool runs more requests and predicts apart,
+    each as it would alone."""
+    cluster = load_cluster("8xrtx-pro-6000")
+    low, high = (check_command(KIMI_EP8.replace("0.85", f), cluster=cluster) for f in ("0.85", "0.9"))
+    steps, shared = StepTimes(low.model, low.setup.layout, cluster), {}
+    memories = [memory_ledger(c.model, c.setup.layout, cluster) for c in (low, high)]
+    small, large = (m.max_concurrency(isl=1024, osl=1024) for m in memories)
+    assert small < large
+    levels = [1, 2 * small]
+    a, b = (Predictor(c.model, c.setup.layout, cluster, m, steps=steps, shared=shared).figures(levels, isl=1024,
+                                                                                               osl=1024)
+            for c, m in zip((low, high), memories, strict=True))  # fmt: skip
+    assert a[0] is b[0]
+    assert (a[1].running, b[1].running) == (small, min(large, 2 * small)) and a[1] is not b[1]
+    for c, m, figures in ((low, memories[0], a), (high, memories[1], b)):
+        alone = Predictor(c.model, c.setup.layout, cluster, m).sweep(levels, isl=1024, osl=1024)
+        assert [replace(p, decode=None) for p in alone] == list(figures)

@@ -183,29 +183,29 @@ def flag_gains(ranking: Ranking) -> list[FlagGain]:
     variant_flags |= {engine.memory_fraction_option, engine.context_option}
     layout = _layout_items(c, variant_flags)
     table = flag_table(c.engine)
-    version = parse_version(c.setup.version, c.engine)
+    version = parse_version(c.version, c.engine)
     out = []
-    for name in c.setup.given:
+    for name in c.given:
         if name in variant_flags:
             continue
         twins = [s for s in ranking.scores if s.candidate.engine == c.engine and s.candidate.option_kinds ==
                  c.option_kinds and _layout_items(s.candidate, variant_flags) < layout
-                 and name not in s.candidate.setup.given]  # fmt: skip
+                 and name not in s.candidate.given]  # fmt: skip
         if not twins:
             continue
-        twin = max(twins, key=lambda s: (len(s.candidate.setup.given), s.value))
+        twin = max(twins, key=lambda s: (len(s.candidate.given), s.value))
         dropped = [k for k, _ in sorted(layout - _layout_items(twin.candidate, variant_flags),
-                                        key=lambda kv: list(c.setup.given).index(kv[0]))]  # fmt: skip
+                                        key=lambda kv: list(c.given).index(kv[0]))]  # fmt: skip
         if dropped[0] != name:  # said with the flag it goes with
             continue
-        spelled = tuple(" ".join(flag_words(table, version, k, c.setup.given[k])) for k in dropped)
+        spelled = tuple(" ".join(flag_words(table, version, k, c.given[k])) for k in dropped)
         out.append(FlagGain(flags=spelled, without=twin))
     return out
 
 
 def _layout_items(c: Candidate, variant_flags: set[str | None]) -> frozenset[tuple[str, str]]:
     """The flags of its command that set its layout, not its option variants."""
-    return frozenset((k, repr(v)) for k, v in c.setup.given.items() if k not in variant_flags)
+    return frozenset((k, repr(v)) for k, v in c.given.items() if k not in variant_flags)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,8 +16,9 @@ KV room) or cannot hold one request of the workload; every setup that starts is 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import combinations
 from typing import Any
@@ -40,14 +41,37 @@ class Candidate:
 
     engine: str
     variant: str  # "" for the engine's defaults, else the option variant ("CUDA graphs off", …)
-    setup: Setup
+    given: dict[str, Any]  # its options as its command gives them, by canonical name
+    version: str  # the engine release it was set up for
     layout: Layout
-    memory: MemoryLedger
     predictions: tuple[Prediction, ...]
     model_ref: str  # the model as the commands name it
     remote_code: bool = False  # the commands pass --trust-remote-code
     priced_by: tuple[ModelSpec, ClusterSpec, int, int] | None = field(default=None, repr=False, compare=False)
     # (model, cluster, isl, osl) of the search: what `priced` needs to price its steps again
+    ledger: MemoryLedger | None = field(default=None, repr=False, compare=False)  # None: sized again when asked
+    held_setup: Setup | None = field(default=None, repr=False, compare=False)  # None: set up again when asked
+
+    @cached_property
+    def setup(self) -> Setup:
+        """The engine's setup of its command (a search keeps none of its thousands; a report asks for a few, set up
+        again from the options its command gives)."""
+        if self.held_setup is not None:
+            return self.held_setup
+        assert self.priced_by is not None, "a candidate without its setup is set up for its search's model"
+        model, cluster, *_ = self.priced_by
+        engine = get_engine(self.engine)
+        return engine.setup(dict(self.given), model=model, cluster=cluster, version=engine.version(self.version))
+
+    @cached_property
+    def memory(self) -> MemoryLedger:
+        """How each GPU's memory is used (a search keeps the ledgers of none of its thousands of setups; a report
+        asks for a few, sized again as the search sized them)."""
+        if self.ledger is not None:
+            return self.ledger
+        assert self.priced_by is not None, "a candidate without its ledger is sized from its search's model"
+        model, cluster, *_ = self.priced_by
+        return memory_ledger(model, self.layout, cluster)
 
     @cached_property
     def launch(self) -> tuple[str, ...]:
@@ -283,21 +307,24 @@ class _Search:
                 levels.append(levels[-1] * 2)
             self.concurrency = tuple(levels)
         ref = model_reference(self.model_ref)
-        shared: dict[str, StepTimes] = {}  # by the layout without its memory fraction: the fraction costs nothing
-        for engine, setup, memory, variant in self.pending:
+        # by the layout without its memory fraction: the fraction costs nothing
+        shared: dict[str, tuple[StepTimes, dict[tuple, Prediction]]] = {}
+        pending, self.pending = deque(self.pending), []
+        while pending:  # each setup's ledger let go once it is predicted: a report sizes the few it shows again
+            engine, setup, memory, variant = pending.popleft()
             assert setup.layout is not None
             costs = setup.layout.model_copy(update={"options": setup.layout.options.model_copy(
                 update={"memory_fraction": None})}).model_dump_json()  # fmt: skip
-            steps = shared.get(costs)
-            if steps is None:
+            held = shared.get(costs)
+            if held is None:
                 shared.clear()  # variants of one layout are considered together
-                steps = shared[costs] = StepTimes(self.model, setup.layout, self.cluster)
-            predictor = Predictor(self.model, setup.layout, self.cluster, memory, steps=steps)
+                held = shared[costs] = (StepTimes(self.model, setup.layout, self.cluster), {})
+            predictor = Predictor(self.model, setup.layout, self.cluster, memory, steps=held[0], shared=held[1])
             # the figures only: each decode step's ops are priced again for the few setups a report explains
-            predictions = tuple(replace(p, decode=None) for p in predictor.sweep(self.concurrency, isl=self.isl,
-                                                                                  osl=self.osl))  # fmt: skip
+            predictions = predictor.figures(self.concurrency, isl=self.isl, osl=self.osl)
             self.candidates.append(
-                Candidate(engine=engine.name, variant=variant, setup=setup, layout=setup.layout, memory=memory,
+                Candidate(engine=engine.name, variant=variant, given=setup.given, version=setup.version,
+                          layout=setup.layout,
                           predictions=predictions, model_ref=ref, remote_code=self.model.remote_code,
                           priced_by=(self.model, self.cluster, self.isl, self.osl))
             )  # fmt: skip

@@ -49,7 +49,7 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
         engine = get_engine(win.candidate.engine)
         seen: set[str] = set()
         for label, opts in engine.what_if_options:
-            if all(win.candidate.setup.given.get(k) == v for k, v in opts.items()):
+            if all(win.candidate.given.get(k) == v for k, v in opts.items()):
                 continue
             w = _engine_option(result, win.candidate, engine, label, opts, base)
             if w.output_tok_s is None and w.note in seen:
@@ -64,8 +64,8 @@ def _with_options(result: SearchResult, winner: Candidate, engine: Engine, optio
                   accept: float | None = None) -> tuple[Setup, list[Prediction]] | str:  # fmt: skip
     """The winner's command with `options` added, as the engine would take it, predicted over the sweep; or why
     it does not serve (the engine's refusal, or no KV room for one request)."""
-    setup = engine.setup({**winner.setup.given, **options}, model=result.model, cluster=result.cluster,
-                         version=engine.version(winner.setup.version))  # fmt: skip
+    setup = engine.setup({**winner.given, **options}, model=result.model, cluster=result.cluster,
+                         version=engine.version(winner.version))  # fmt: skip
     if not setup.valid or setup.layout is None:
         return f"the engine refuses it: {setup.rejections[0].reason}"
     memory = memory_ledger(result.model, setup.layout, result.cluster)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shardwise.cost.memory import MemoryLedger
 from shardwise.cost.step import StepCost
@@ -72,13 +72,30 @@ class Predictor:
         *,
         accept_length: float | None = None,
         steps: StepTimes | None = None,
+        shared: dict[tuple, Prediction] | None = None,
     ) -> None:
         """`steps`: the step times of a layout that costs the same (one that differs only in how memory is sized),
-        to share what they have priced."""
+        to share what they have priced; `shared`: the figures-only predictions (`figures`) of such layouts, which
+        differ only where their KV pools cap the running requests differently."""
         self.layout, self.memory = layout, memory
         self.steps = steps or StepTimes(model, layout, cluster, accept_length=accept_length)
         self.chunk = self.layout.options.chunked_prefill_tokens or 8192
         self._prefills: dict[tuple[int, int, int], float] = {}
+        self._shared = {} if shared is None else shared
+
+    def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
+        """The predictions at each concurrency without their decode steps (what a search keeps of thousands of
+        setups), shared with the layouts that share this one's step times wherever both run as many requests."""
+        cap = self.memory.max_concurrency(isl=isl, osl=osl)
+        out = []
+        for c in concurrencies:
+            # a prediction follows from the step times, the load, the requests running and whether others queue
+            key = (c, isl, osl, min(c, cap), c > cap, self.memory.ranks)
+            p = self._shared.get(key)
+            if p is None:
+                p = self._shared[key] = replace(self.predict(concurrency=c, isl=isl, osl=osl), decode=None)
+            out.append(p)
+        return tuple(out)
 
     def predict(self, *, concurrency: int, isl: int, osl: int, decode_only: bool = False) -> Prediction:
         cap = self.memory.max_concurrency(isl=isl, osl=osl)
