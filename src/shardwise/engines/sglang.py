@@ -7,6 +7,7 @@ DCP are carved out of it and add no GPUs. GPUs used = dp (replicas) × tp × pp.
 from __future__ import annotations
 
 import math
+from functools import cache
 from itertools import product
 from typing import Any, ClassVar
 
@@ -245,9 +246,7 @@ def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
         prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),
         page_size=f["page_size"],
         spec=spec,
-        scheduler=SchedulerPolicy(
-            **{**flag_table("sglang").scheduler, "mixed_batches": bool(f.get("enable_mixed_chunk"))}
-        ),
+        scheduler=_scheduler(bool(f.get("enable_mixed_chunk"))),
     )
     return Layout(
         engine="sglang",
@@ -269,6 +268,12 @@ def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
         a2a_backend=f["moe_a2a_backend"],
         options=options,
     )
+
+
+@cache
+def _scheduler(mixed_batches: bool) -> SchedulerPolicy:
+    """SGLang's scheduler policy (one object for every layout: a search holds thousands)."""
+    return SchedulerPolicy(**{**flag_table("sglang").scheduler, "mixed_batches": mixed_batches})
 
 
 def _dcp_comm(f: dict[str, Any]) -> dict[str, Any]:

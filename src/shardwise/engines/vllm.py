@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import cache
 from itertools import product
 from typing import Any, ClassVar
 
@@ -141,7 +142,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         window_kv=not f.get("disable_hybrid_kv_cache_manager"),
         overlap_schedule=f["async_scheduling"] if f.get("async_scheduling") is not None else version >= V014,
         spec=spec,
-        scheduler=SchedulerPolicy(**flag_table("vllm").scheduler),
+        scheduler=_scheduler(),
     )
     world = tp * dp * pcp if lockstep else tp * pcp
     vision_tp = _vision_ways(f, model, tp)
@@ -313,3 +314,9 @@ def _json_option(name: str, text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise EngineArgError(f"argument --{name.replace('_', '-')}: expected a JSON object")
     return value
+
+
+@cache
+def _scheduler() -> SchedulerPolicy:
+    """vLLM's scheduler policy (one object for every layout: a search holds thousands)."""
+    return SchedulerPolicy(**flag_table("vllm").scheduler)
