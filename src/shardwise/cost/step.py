@@ -18,7 +18,7 @@ from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
-from shardwise.ops.build import StepModel, layer_op_keys, op_for
+from shardwise.ops.build import StepModel, op_for
 from shardwise.ops.types import Comm, Compute, Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -155,6 +155,7 @@ class StepCostModel:
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         self._comm_times = _shared_comm(self.cluster)
+        self._call_s = cal.value("collective_call_s", 0.0) if cal is not None else 0.0  # as `collective_s` adds it
         self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._costs = _shared_costs(step_model.model, layout, self.cluster, tables)
         self._pieces: dict[tuple, _Piece] = self._costs.setdefault("pieces", {})
@@ -175,11 +176,13 @@ class StepCostModel:
         key = (phase.value, requests, new_tokens, context_tokens)
         priced = self._costs.get(key)
         if priced is None:  # each piece priced once and counted as often as it runs: a step is linear in them
-            priced = self._costs[key] = tuple(
-                (p.stage, p.count, self._piece(p.key))
-                for p in self.step_model.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
-                                                context_tokens=context_tokens)
-            )  # fmt: skip
+            found: dict[int, _Piece] = {}  # by the key object: a layer's key is one object on every stage
+            pieces = self.step_model.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
+                                            context_tokens=context_tokens)  # fmt: skip
+            for p in pieces:
+                if id(p.key) not in found:
+                    found[id(p.key)] = self._piece(p.key)
+            priced = self._costs[key] = tuple((p.stage, p.count, found[id(p.key)]) for p in pieces)
         layout = self.layout
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
@@ -207,11 +210,11 @@ class StepCostModel:
         return piece
 
     def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:
-        """The costs of a piece's ops, each run once (a layer's by its ops' keys: no op is built twice)."""
-        if key[0] == "layer":
-            return tuple(self._keyed_cost(k) for k in layer_op_keys(*key[1:]))
-        return tuple(self._compute_cost(op) if isinstance(op, Compute) else self._comm_cost(op)
-                     for op in self.step_model.piece_ops(key))  # fmt: skip
+        """The costs of a piece's ops, each run once (a layer's, the embedding's and the head's by their ops' keys: no
+        op is built twice)."""
+        if key[0] == "comms":
+            return tuple(self._comm_cost(op) for op in self.step_model.piece_ops(key))  # type: ignore[arg-type]
+        return tuple(self._keyed_cost(k) for k in self.step_model.piece_op_keys(key))
 
     def _keyed_cost(self, key: tuple) -> OpCost:
         """The cost of the op `key` names (`op_for`): remembered by its key beside the ops remembered whole."""
@@ -226,12 +229,18 @@ class StepCostModel:
     def _comms(self, key: tuple) -> _Piece:
         """A stage's collectives: summed from each collective's time (the ops and their costs listed when asked)."""
         comm, hidden, kernels = 0.0, 0.0, 0
-        for _, op, size, group, impl, overlapped, count in self.step_model.comm_calls(key):
-            seconds = collective_s(self.cluster, op, size, group, impl, self._comm_times) * count
+        times, cluster = self._comm_times, self.cluster
+        _, stage, phase, part, *tokens = key
+        for _, op, per_token, source, group, impl, overlapped, count in self.step_model.comm_template(
+            stage, phase, part
+        ):
+            size = per_token * tokens[source]
+            one = times.get((op, size, group, impl))  # the link model's time, as `collective_s` remembers it
+            seconds = self._call_s + one if one is not None else collective_s(cluster, op, size, group, impl, times)
             if overlapped:
-                hidden += seconds
+                hidden += seconds * count
             else:
-                comm += seconds
+                comm += seconds * count
             kernels += count
         return _Piece(sums=(0.0, 0.0, 0.0, comm, hidden, kernels), costs=lambda: self._op_costs_of(key))
 

@@ -209,8 +209,23 @@ def _gpu(layout: Layout, *, replica: int, stage: int, local: int) -> int:
     return base + stage * layout.stage_gpus + local
 
 
+_GROUPS: dict[tuple, dict[str, list[list[int]]]] = {}
+
+
 def groups(layout: Layout) -> dict[str, list[list[int]]]:
-    """GPU ids of every communication group: stage (the engine's TP world), attn_tp, moe_ep, moe_tp, pp."""
+    """GPU ids of every communication group: stage (the engine's TP world), attn_tp, moe_ep, moe_tp, pp. Remembered
+    by the degrees they follow from, and shared: read them, do not change them."""
+    key = (layout.replicas, layout.pp, layout.stage_gpus, layout.attn_dp, layout.attn_tp, layout.attn_cp,
+           layout.moe_dp, layout.moe_ep, layout.dp_outside_pp)  # fmt: skip
+    held = _GROUPS.get(key)
+    if held is None:
+        if len(_GROUPS) >= 4096:
+            _GROUPS.clear()
+        held = _GROUPS[key] = _groups(layout)
+    return held
+
+
+def _groups(layout: Layout) -> dict[str, list[list[int]]]:
     out: dict[str, list[list[int]]] = {name: [] for name in ("stage", "attn_tp", "moe_ep", "moe_tp", "pp")}
     n, a_tp, m_tp = layout.stage_gpus, layout.attn_tp, layout.moe_tp
     for r in range(layout.replicas):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
@@ -134,8 +134,7 @@ def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
     return model.layer_attention[layer], model.layer_mlp[layer]
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
+class Piece(NamedTuple):
     """Ops that run `count` times on one stage of a step. Its `key` names them: in one step model, pieces with the
     same key hold the same ops (`StepModel.piece_ops`), so a cost model prices each once and multiplies. A layer's key
     holds the layer's interned inputs (`LayerInputs`); its ops' own keys (`layer_op_keys`) name each op on any
@@ -173,6 +172,15 @@ class ExpertInputs:
     moe_ep: int
     moe_tp: int
     eplb: bool
+
+
+@dataclass(frozen=True, eq=False)
+class HeadInputs:
+    """The lm_head as one GPU holds it, and how its logits are split."""
+
+    model: ModelSpec
+    head: _Matrix
+    lm_head_tp: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,7 +231,8 @@ class StepModel:
         self.model, self.layout, self.cluster = with_kv_dtype(model, layout), layout, cluster
         self._groups = groups(layout)
         self._stage_kinds = self._count_kinds()
-        matrices, experts, self._head = self._read_weights()
+        matrices, experts, head = self._read_weights()
+        self._head = _interned(HeadInputs, self.model, head, layout.lm_head_tp)
         self._layers = {kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout)
                         for kind, mats in matrices.items()}  # fmt: skip
         self._comm = comm_steps(layout, self.model)
@@ -306,31 +315,42 @@ class StepModel:
         half_tokens = {"rank": part * new_tokens, "stage": part * new_tokens * lay.attn_dp,
                        "cached": part * context_tokens, "sampled": sampled}  # fmt: skip
         out: list[Piece] = []
+        named = phase.value
+        keys: dict[tuple[tuple[str, str], bool], tuple] = {}  # a layer kind's key, the same object on every stage
         for stage, kinds in enumerate(self._stage_kinds):
             halved = split and self._moe_kinds[stage]
             for kind, count in kinds.items():
-                n, here = (2 * count, part) if halved and kind[1] == "moe" else (count, rank_requests)
-                key = ("layer", self._layers[kind], phase.value, here, here * new_tokens,
-                       here * new_tokens * lay.attn_dp, new_tokens, context_tokens)  # fmt: skip
-                out.append(Piece(stage=stage, count=n, key=key))
+                half = halved and kind[1] == "moe"
+                key = keys.get((kind, half))
+                if key is None:
+                    here = part if half else rank_requests
+                    tokens = here * new_tokens
+                    key = keys[(kind, half)] = ("layer", self._layers[kind], named, here, tokens, tokens * lay.attn_dp,
+                                                new_tokens, context_tokens)  # fmt: skip
+                out.append(Piece(stage, 2 * count if half else count, key))
             if halved:
-                out += self._comm_pieces(stage, phase, "halved", half_tokens)
-            out += self._comm_pieces(stage, phase, "whole" if halved else "all", whole_tokens)
+                out += self._comm_pieces(stage, named, "halved", half_tokens)
+            out += self._comm_pieces(stage, named, "whole" if halved else "all", whole_tokens)
         out.append(Piece(stage=0, count=1, key=("embedding", rank_tokens)))
         out.append(Piece(stage=lay.pp - 1, count=1, key=("head", sampled)))
         return out
 
     def piece_ops(self, key: tuple) -> tuple[Op, ...]:
         """The ops a piece names, each run once (their stage 0: a piece's place is its own)."""
-        if key[0] == "layer":
-            return tuple(op_for(k) for k in layer_op_keys(*key[1:]))
         if key[0] == "comms":
             return tuple(Comm(name=name, stage=0, count=count, collective=op, group=group, size_bytes=size, impl=impl,
                               overlapped=overlapped)
                          for name, op, size, group, impl, overlapped, count in self.comm_calls(key))  # fmt: skip
-        if key[0] == "embedding":
-            return (self._embedding(key[1]),)
-        return self._head_ops(key[1])
+        return tuple(op_for(k) for k in self.piece_op_keys(key))
+
+    def piece_op_keys(self, key: tuple) -> list[tuple]:
+        """The keys of the ops of a layer, embedding or head piece (`op_for` builds each)."""
+        if key[0] == "layer":
+            return layer_op_keys(*key[1:])
+        if key[0] == "embedding":  # the lookup, on the first stage
+            return [("embedding", self.model.hidden_size, key[1])]
+        # lm_head on the sampled tokens, and sampling, on the last stage
+        return [("lm_head", self._head, key[1]), ("sampling", self.model.vocab_size, key[1])]
 
     def comm_calls(self, key: tuple) -> list[tuple[str, Collective, float, tuple[int, ...], str, bool, int]]:
         """The collectives of a "comms" piece: (where, collective, bytes, group, implementation, hidden by two-batch
@@ -338,7 +358,7 @@ class StepModel:
         _, stage, phase, part, *tokens = key  # the rank's new tokens, the stage's, those cached, those sampled
         return [(where, op, per_token * tokens[source], group, impl, overlapped, count)
                 for where, op, per_token, source, group, impl, overlapped, count
-                in self._comm_template(stage, phase, part)]  # fmt: skip
+                in self.comm_template(stage, phase, part)]  # fmt: skip
 
     def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
         """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
@@ -348,16 +368,16 @@ class StepModel:
                                      context_tokens=context_tokens)
                 for op in self.piece_ops(p.key)]  # fmt: skip
 
-    def _comm_pieces(self, stage: int, phase: Phase, part: str, tokens: dict[str, int]) -> list[Piece]:
+    def _comm_pieces(self, stage: int, phase: str, part: str, tokens: dict[str, int]) -> list[Piece]:
         """The collectives of this stage in one step, as one piece (none where it runs none), from `tokens` (the
         rank's new tokens, the stage's, those its requests hold already, those sampled) of the layers `part`
         names."""
-        if not self._comm_template(stage, phase.value, part):
+        if not self.comm_template(stage, phase, part):
             return []
-        key = ("comms", stage, phase.value, part, tokens["rank"], tokens["stage"], tokens["cached"], tokens["sampled"])
+        key = ("comms", stage, phase, part, tokens["rank"], tokens["stage"], tokens["cached"], tokens["sampled"])
         return [Piece(stage=stage, count=1, key=key)]
 
-    def _comm_template(self, stage: int, phase: str, part: str) -> list[tuple]:
+    def comm_template(self, stage: int, phase: str, part: str) -> list[tuple]:
         """The collectives of `comm_steps` that run on this stage in this phase, as (where, collective, bytes per token,
         the tokens it is sized by (their place in `_SIZED_BY`), its group, implementation, hidden, how often): per
         layer kind, once per step (embedding all-reduce on the first stage,
@@ -412,25 +432,6 @@ class StepModel:
         candidates = self._groups[key][stage * per_stage : (stage + 1) * per_stage] or self._groups[key]
         return tuple(candidates[0][:size])
 
-    def _embedding(self, rank_tokens: int) -> Compute:
-        """The embedding lookup, on the first stage."""
-        return Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
-                       bytes=2 * rank_tokens * self.model.hidden_size * ACT_BYTES, weight_bytes=0.0,
-                       dtype="bf16")  # fmt: skip
-
-    def _head_ops(self, sampled: int) -> tuple[Op, ...]:
-        """lm_head (on the sampled tokens) and sampling, on the last stage (listed at stage 0: a piece's place is
-        its own)."""
-        vocab, lay = self.model.vocab_size, self.layout
-        return (
-            Compute(name="lm_head", op_class=OpClass.GEMM, stage=0, count=1,
-                    flops=2 * sampled * self._head.params,
-                    bytes=self._head.bytes + sampled * vocab / lay.lm_head_tp * 4,
-                    weight_bytes=self._head.bytes, dtype=self._head.dtype, gemms=self._head.gemms, tokens=sampled),
-            Compute(name="sampling", op_class=OpClass.SAMPLING, stage=0, count=1, flops=0.0,
-                    bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4),
-        )  # fmt: skip
-
 
 def layer_op_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_tokens: int, stage_tokens: int,
                   new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
@@ -457,13 +458,27 @@ def layer_op_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_toke
 
 
 def op_for(key: tuple) -> Compute:
-    """The op a key from `layer_op_keys` names, run once on stage 0."""
+    """The op a key from `layer_op_keys` or `StepModel.piece_op_keys` names, run once on stage 0."""
     what = key[0]
     if what == "gemm":
         return _gemm(key[1], _PHASES[key[2]], key[3])
     if what == "attention":
         _, inputs, phase, requests, new_tokens, context = key
         return _attention(inputs, _PHASES[phase], requests, new_tokens, context)
+    if what == "embedding":
+        _, h, tokens = key
+        return Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
+                       bytes=2 * tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16")  # fmt: skip
+    if what == "lm_head":
+        _, inputs, sampled = key
+        head = inputs.head
+        return Compute(name="lm_head", op_class=OpClass.GEMM, stage=0, count=1, flops=2 * sampled * head.params,
+                       bytes=head.bytes + sampled * inputs.model.vocab_size / inputs.lm_head_tp * 4,
+                       weight_bytes=head.bytes, dtype=head.dtype, gemms=head.gemms, tokens=sampled)  # fmt: skip
+    if what == "sampling":
+        _, vocab, sampled = key
+        return Compute(name="sampling", op_class=OpClass.SAMPLING, stage=0, count=1, flops=0.0,
+                       bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4)  # fmt: skip
     if what == "elementwise":
         _, kernels, h, tokens = key
         return Compute(name="norms, rotary, residual", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
