@@ -82,3 +82,30 @@ def test_trivial_and_bad_groups(pcie_box):
         collective_cost(pcie_box, AR, size_bytes=MiB, gpus=[0, 0])
     with pytest.raises(ValueError):
         collective_cost(pcie_box, AR, size_bytes=MiB, gpus=9)
+
+
+def test_a_collective_costs_the_same_on_every_group_with_the_same_span():
+    """Step costs share one collective's time between every group that spans the cluster alike (how many GPUs,
+    whether across nodes, whether across a node's CPU sockets): the link model must read nothing else of a group.
+    Checked on every group of 2, 4 and 8 GPUs drawn by stride on a PCIe box split over two sockets and on two NVLink
+    nodes."""
+    from shardwise import Collective as C
+
+    box = load_cluster("8xrtx-pro-6000")
+    two_sockets = box.model_copy(update={"intra": box.intra.model_copy(update={"numa_nodes": 2})})
+    for cluster in (two_sockets, load_cluster("2x8xh100")):
+        groups = {tuple(range(start, start + n * stride, stride))
+                  for n in (2, 4, 8) for stride in (1, 2, 3, 4) for start in range(cluster.num_gpus)
+                  if start + (n - 1) * stride < cluster.num_gpus}  # fmt: skip
+        by_span: dict = {}
+        for g in groups:
+            by_span.setdefault(cluster.span(g), []).append(g)
+        for span, same in by_span.items():
+            for op in (C.ALL_REDUCE, C.ALL_GATHER, C.REDUCE_SCATTER, C.ALL_TO_ALL, C.SEND_RECV):
+                for size in (512, MiB, 64 * MiB):
+                    for impl in ("nccl", "custom"):
+                        times = {collective_cost(cluster, op, size_bytes=size, gpus=g, impl=impl).time_s for g in same}
+                        assert len(times) == 1, (cluster.name, span, op, size, impl)
+    nodes = load_cluster("2x8xh100")
+    inside, across = (collective_cost(nodes, AR, size_bytes=64 * MiB, gpus=g).time_s for g in ((0, 1), (0, 8)))
+    assert inside < across  # the span is not all alike: crossing nodes is slower

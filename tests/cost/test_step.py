@@ -210,3 +210,26 @@ def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
     costs = priced("--tp 8")
     for key in tp8.values():
         assert costs._keyed_cost(key) == compute_cost(op_for(key), costs.rates, costs._measured.time(op_for(key)))
+
+
+def test_stages_whose_collectives_span_the_cluster_alike_share_their_time_and_list_their_own_groups():
+    """TP8 × PP8 over eight 8-GPU nodes: each stage runs its all-reduces on its own node. Those of two stages with as
+    many layers differ only in which GPUs run them, so the stages share one template and one priced piece; the ops a
+    step lists still name each stage's own GPUs."""
+    cluster, model = load_cluster("8x8xh100"), load_model("kimi-k2.6")
+    setup = get_engine("sglang").resolve(["--model-path", "m", "--tp", "8", "--pp-size", "8", "--nnodes", "8",
+                                          "--dist-init-addr", "10.0.0.1:5000", "--node-rank", "0"], model=model,
+                                         cluster=cluster)  # fmt: skip
+    assert setup.valid, setup.rejections
+    costs = StepCostModel.of(model, setup.layout, cluster)
+    comms = [p for p in costs.step_model.pieces(phase=Phase.DECODE, requests=8, new_tokens=1, context_tokens=1024)
+             if p.key[0] == "comms"]  # fmt: skip
+    by_stage = {p.stage: p.key for p in comms}
+    assert by_stage[3][1] is by_stage[4][1]  # one template for two middle stages of eight layers each
+    assert by_stage[2][1] is not by_stage[3][1]  # seven layers: other counts
+    step = costs.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
+    assert {stage.stage for stage in step.stages} == set(range(8))
+    assert step.stages[3].parts_s["comm"] == step.stages[4].parts_s["comm"] > step.stages[2].parts_s["comm"] > 0
+    ops = costs.step_model.ops(phase=Phase.DECODE, requests=8, new_tokens=1, context_tokens=1024)
+    reduces = {o.stage: o.group for o in ops if isinstance(o, Comm) and o.collective.value == "all_reduce"}
+    assert reduces[3] == tuple(range(24, 32)) and reduces[4] == tuple(range(32, 40))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardwise.hardware.collectives import Collective, bus_factor, ring_steps
-from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.cluster import ClusterSpec, Span
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,23 +59,22 @@ def collective_cost(
             latency_s=0.0,
             bandwidth_bytes_per_s=float("inf"),
         )
-    measured = _measured(cluster, op, size_bytes, group, impl)
-    return measured or _alpha_beta(cluster, op, size_bytes, group)
+    span = cluster.span(group)  # all the rest reads of the group
+    measured = _measured(cluster, op, size_bytes, span, impl)
+    return measured or _alpha_beta(cluster, op, size_bytes, span)
 
 
-def _measured(
-    cluster: ClusterSpec, op: Collective, size_bytes: float, group: list[int], impl: str
-) -> CollectiveCost | None:
+def _measured(cluster: ClusterSpec, op: Collective, size_bytes: float, span: Span, impl: str) -> CollectiveCost | None:
     tables = cluster.collectives
-    if tables is None or len({cluster.node_of(g) for g in group}) > 1:
+    if tables is None or span.across_nodes:
         return None
-    n = len(group)
+    n = span.gpus
     # reduce-scatter moves the same bytes in the same steps as all-gather, mirrored
     looked_up = Collective.ALL_GATHER if op is Collective.REDUCE_SCATTER else op
     curve = tables.curve(looked_up, n, impl) or tables.curve(looked_up, n, "nccl")
     if curve is None:
         return None
-    alpha = ring_steps(op, n) * _step_latency_s(cluster, group)
+    alpha = ring_steps(op, n) * _step_latency_s(cluster, span)
     time_s = curve.time_s(size_bytes, latency_floor_s=alpha)
     factor = bus_factor(op, n)
     source = f"{tables.name}: {curve.op.value} {curve.impl} x{n} ({curve.source or tables.source})"
@@ -92,17 +91,17 @@ def _measured(
     )
 
 
-def _box_latency_s(cluster: ClusterSpec, group: list[int]) -> float | None:
+def _box_latency_s(cluster: ClusterSpec, span: Span) -> float | None:
     """Smallest-message time measured for any collective on this many GPUs of this box, if any."""
     tables = cluster.collectives
-    if tables is None or len({cluster.node_of(g) for g in group}) > 1:
+    if tables is None or span.across_nodes:
         return None
-    floors = [c.measured()[0][1] for c in tables.tables if c.gpus == len(group) and c.points and c.impl == "nccl"]
+    floors = [c.measured()[0][1] for c in tables.tables if c.gpus == span.gpus and c.points and c.impl == "nccl"]
     return min(floors) if floors else None
 
 
-def _step_latency_s(cluster: ClusterSpec, group: list[int]) -> float:
-    if len({cluster.node_of(g) for g in group}) > 1 and cluster.inter is not None:
+def _step_latency_s(cluster: ClusterSpec, span: Span) -> float:
+    if span.across_nodes and cluster.inter is not None:
         return cluster.inter.network.step_latency_s
     link = cluster.intra.link
     if not cluster.intra.p2p and link.p2p_off_latency is not None:
@@ -110,27 +109,27 @@ def _step_latency_s(cluster: ClusterSpec, group: list[int]) -> float:
     return link.step_latency_s
 
 
-def _bandwidth(cluster: ClusterSpec, op: Collective, group: list[int]) -> tuple[float, str]:
+def _bandwidth(cluster: ClusterSpec, op: Collective, span: Span) -> tuple[float, str]:
     link = cluster.intra.link
     # a ring collective runs at the measured bus bandwidth; a single transfer at point-to-point bandwidth
     p2p = op is Collective.SEND_RECV
     beta = link.bandwidth_bytes_per_s if p2p else link.collective_bandwidth_bytes_per_s
     names = [link.name]
-    if len({cluster.numa_of(g) for g in group}) > 1 and link.cross_numa_bandwidth is not None:
+    if span.across_sockets and link.cross_numa_bandwidth is not None:
         beta = min(beta, link.cross_numa_bandwidth.si("bytes_per_s"))
         names.append("cross-NUMA")
     network = cluster.network_bytes_per_s_per_gpu
-    if len({cluster.node_of(g) for g in group}) > 1 and network is not None and cluster.inter is not None:
+    if span.across_nodes and network is not None and cluster.inter is not None:
         beta = min(beta, network)
         names.append(cluster.inter.network.name)
     return beta, " + ".join(names)
 
 
-def _alpha_beta(cluster: ClusterSpec, op: Collective, size_bytes: float, group: list[int]) -> CollectiveCost:
-    n = len(group)
-    measured_latency = _box_latency_s(cluster, group)
-    alpha = measured_latency or ring_steps(op, n) * _step_latency_s(cluster, group)
-    beta, links = _bandwidth(cluster, op, group)
+def _alpha_beta(cluster: ClusterSpec, op: Collective, size_bytes: float, span: Span) -> CollectiveCost:
+    n = span.gpus
+    measured_latency = _box_latency_s(cluster, span)
+    alpha = measured_latency or ring_steps(op, n) * _step_latency_s(cluster, span)
+    beta, links = _bandwidth(cluster, op, span)
     if measured_latency:
         links += f", latency measured on {n} GPUs of {cluster.collectives.name}"  # type: ignore[union-attr]
     time_s = alpha + size_bytes * bus_factor(op, n) / beta

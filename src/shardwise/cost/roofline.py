@@ -121,8 +121,9 @@ class Measured:
 def collective_s(cluster: ClusterSpec, collective: Collective, size_bytes: float, group: tuple[int, ...], impl: str,
                  cache: dict[tuple, float] | None = None) -> float:  # fmt: skip
     """One run of a collective from the link model, with any calibrated fixed time per call; `cache` remembers the
-    link model's times by (collective, size, group, implementation)."""
-    key = (collective, size_bytes, group, impl)
+    link model's times by (collective, size, how the group spans the cluster, implementation): groups of one span
+    cost the same."""
+    key = (collective, size_bytes, cluster.span(group), impl)
     one = cache.get(key) if cache is not None else None
     if one is None:
         one = collective_cost(cluster, collective, size_bytes=size_bytes, gpus=group, impl=impl).time_s

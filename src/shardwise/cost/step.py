@@ -18,8 +18,8 @@ from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
-from shardwise.ops.build import StepModel, op_for
-from shardwise.ops.types import Comm, Compute, Phase
+from shardwise.ops.build import StepModel, comm_ops, op_for
+from shardwise.ops.types import Compute, Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
@@ -47,8 +47,8 @@ def _remembered(key: tuple, *objects: object) -> dict:
 
 
 def _shared_comm(cluster: ClusterSpec) -> dict[tuple, float]:
-    """Collective times on one cluster, by (collective, size, group, implementation): every layout of a search
-    asks for the same few."""
+    """Collective times on one cluster, by (collective, size, how its group spans the cluster, implementation): every
+    layout of a search asks for the same few."""
     return _remembered(("comm", id(cluster)), cluster)
 
 
@@ -155,6 +155,7 @@ class StepCostModel:
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         self._comm_times = _shared_comm(self.cluster)
+        self._comm_pieces = _remembered(("comm pieces", id(self.cluster)), self.cluster)
         self._call_s = cal.value("collective_call_s", 0.0) if cal is not None else 0.0  # as `collective_s` adds it
         self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._costs = _shared_costs(step_model.model, layout, self.cluster, tables)
@@ -204,16 +205,21 @@ class StepCostModel:
         return step
 
     def _piece(self, key: tuple) -> _Piece:
+        if key[0] == "comms":  # its key holds all its time follows from: shared by every layout on the cluster
+            piece = self._comm_pieces.get(key)
+            if piece is None:
+                if len(self._comm_pieces) >= REMEMBERED_OPS:
+                    self._comm_pieces.clear()
+                piece = self._comm_pieces[key] = self._comms(key)
+            return piece
         piece = self._pieces.get(key)
         if piece is None:
-            piece = self._pieces[key] = self._comms(key) if key[0] == "comms" else _Piece(self._op_costs_of(key))
+            piece = self._pieces[key] = _Piece(self._op_costs_of(key))
         return piece
 
     def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:
         """The costs of a piece's ops, each run once (a layer's, the embedding's and the head's by their ops' keys: no
         op is built twice)."""
-        if key[0] == "comms":
-            return tuple(self._comm_cost(op) for op in self.step_model.piece_ops(key))  # type: ignore[arg-type]
         return tuple(self._keyed_cost(k) for k in self.step_model.piece_op_keys(key))
 
     def _keyed_cost(self, key: tuple) -> OpCost:
@@ -230,19 +236,19 @@ class StepCostModel:
         """A stage's collectives: summed from each collective's time (the ops and their costs listed when asked)."""
         comm, hidden, kernels = 0.0, 0.0, 0
         times, cluster = self._comm_times, self.cluster
-        _, stage, phase, part, *tokens = key
-        for _, op, per_token, source, group, impl, overlapped, count in self.step_model.comm_template(
-            stage, phase, part
-        ):
+        template, tokens = key[1], key[4:]
+        for _, op, per_token, source, group, span, impl, overlapped, count in template.entries:
             size = per_token * tokens[source]
-            one = times.get((op, size, group, impl))  # the link model's time, as `collective_s` remembers it
+            one = times.get((op, size, span, impl))  # the link model's time, as `collective_s` remembers it
             seconds = self._call_s + one if one is not None else collective_s(cluster, op, size, group, impl, times)
             if overlapped:
                 hidden += seconds * count
             else:
                 comm += seconds * count
             kernels += count
-        return _Piece(sums=(0.0, 0.0, 0.0, comm, hidden, kernels), costs=lambda: self._op_costs_of(key))
+        # listed when asked, from the key alone: the piece is shared by every layout on the cluster
+        return _Piece(sums=(0.0, 0.0, 0.0, comm, hidden, kernels),
+                      costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)))  # fmt: skip
 
     def _compute_cost(self, op: Compute) -> OpCost:
         cost = self._op_costs.get(op)
@@ -250,12 +256,6 @@ class StepCostModel:
             if len(self._op_costs) >= REMEMBERED_OPS:
                 self._op_costs.clear()
             cost = self._op_costs[op] = compute_cost(op, self.rates, self._measured.time(op))
-        return cost
-
-    def _comm_cost(self, op: Comm) -> OpCost:
-        cost = self._op_costs.get(op)
-        if cost is None:
-            cost = self._op_costs[op] = comm_cost(op, self.cluster, self._comm_times)
         return cost
 
     def _stage(self, stage: int, sums: list[float], graphed: bool, per_request: float = 0.0) -> StageCost:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -224,6 +225,31 @@ def layer_inputs(model: ModelSpec, kind: tuple[str, str], matrices: list[_Matrix
                      layout.attn_dp > 1 and layout.dense_tp > 1)  # fmt: skip
 
 
+@dataclass(frozen=True, eq=False)
+class CommTemplate:
+    """A stage's collectives in one phase, as (where, collective, bytes per token, the tokens it is sized by (their
+    place in `_SIZED_BY`), one group that runs it, how that group spans the cluster, implementation, hidden by
+    two-batch overlap, times run). Interned by everything but the group's GPU ids: the link model reads a group only
+    through its span, so stages and layouts whose collectives differ only in which GPUs run them share one template
+    (and so the time of its collectives)."""
+
+    cluster: ClusterSpec
+    entries: tuple[tuple, ...]
+
+
+_TEMPLATES: dict[tuple, CommTemplate] = {}
+
+
+def _comm_template(cluster: ClusterSpec, entries: list[tuple]) -> CommTemplate:
+    key = (id(cluster), *(e[:4] + e[5:] for e in entries))
+    held = _TEMPLATES.get(key)
+    if held is None or held.cluster is not cluster:
+        if len(_TEMPLATES) >= MAX_INTERNED:
+            _TEMPLATES.clear()
+        held = _TEMPLATES[key] = CommTemplate(cluster, tuple(entries))
+    return held
+
+
 class StepModel:
     """A layout's step, ready to be listed for any batch."""
 
@@ -238,7 +264,8 @@ class StepModel:
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
         self._moe_kinds = [any(mlp == "moe" for _, mlp in kinds) for kinds in self._stage_kinds]
-        self._comm_templates: dict[tuple[int, str, str], list[tuple]] = {}
+        # per (stage, phase, part): the interned template, and the stage's own collectives (its own groups)
+        self._comm_templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[tuple, ...]]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
 
@@ -338,9 +365,7 @@ class StepModel:
     def piece_ops(self, key: tuple) -> tuple[Op, ...]:
         """The ops a piece names, each run once (their stage 0: a piece's place is its own)."""
         if key[0] == "comms":
-            return tuple(Comm(name=name, stage=0, count=count, collective=op, group=group, size_bytes=size, impl=impl,
-                              overlapped=overlapped)
-                         for name, op, size, group, impl, overlapped, count in self.comm_calls(key))  # fmt: skip
+            return comm_ops(key)
         return tuple(op_for(k) for k in self.piece_op_keys(key))
 
     def piece_op_keys(self, key: tuple) -> list[tuple]:
@@ -352,44 +377,40 @@ class StepModel:
         # lm_head on the sampled tokens, and sampling, on the last stage
         return [("lm_head", self._head, key[1]), ("sampling", self.model.vocab_size, key[1])]
 
-    def comm_calls(self, key: tuple) -> list[tuple[str, Collective, float, tuple[int, ...], str, bool, int]]:
-        """The collectives of a "comms" piece: (where, collective, bytes, group, implementation, hidden by two-batch
-        overlap, times run)."""
-        _, stage, phase, part, *tokens = key  # the rank's new tokens, the stage's, those cached, those sampled
-        return [(where, op, per_token * tokens[source], group, impl, overlapped, count)
-                for where, op, per_token, source, group, impl, overlapped, count
-                in self.comm_template(stage, phase, part)]  # fmt: skip
-
     def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
         """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
         prefill) to a context of `context_tokens` already cached."""
-        return [replace(op, stage=p.stage, count=op.count * p.count)
-                for p in self.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
-                                     context_tokens=context_tokens)
-                for op in self.piece_ops(p.key)]  # fmt: skip
+        out: list[Op] = []
+        for p in self.pieces(phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens):
+            if p.key[0] == "comms":  # the stage's own groups
+                _, _, named, part, *tokens = p.key
+                self.comm_template(p.stage, named, part)
+                ops = _comm_ops(_calls(self._comm_templates[(p.stage, named, part)][1], tokens))
+            else:
+                ops = self.piece_ops(p.key)
+            out += [replace(op, stage=p.stage, count=op.count * p.count) for op in ops]
+        return out
 
     def _comm_pieces(self, stage: int, phase: str, part: str, tokens: dict[str, int]) -> list[Piece]:
         """The collectives of this stage in one step, as one piece (none where it runs none), from `tokens` (the
         rank's new tokens, the stage's, those its requests hold already, those sampled) of the layers `part`
         names."""
-        if not self.comm_template(stage, phase, part):
+        template = self.comm_template(stage, phase, part)
+        if template is None:
             return []
-        key = ("comms", stage, phase, part, tokens["rank"], tokens["stage"], tokens["cached"], tokens["sampled"])
+        key = ("comms", template, phase, part, tokens["rank"], tokens["stage"], tokens["cached"], tokens["sampled"])
         return [Piece(stage=stage, count=1, key=key)]
 
-    def comm_template(self, stage: int, phase: str, part: str) -> list[tuple]:
-        """The collectives of `comm_steps` that run on this stage in this phase, as (where, collective, bytes per token,
-        the tokens it is sized by (their place in `_SIZED_BY`), its group, implementation, hidden, how often): per
-        layer kind, once per step (embedding all-reduce on the first stage,
-        logits all-gather of the sampled tokens on the last), and the hand-offs between stages (counted on the
-        first). `part`: "all" the stage's layers; with two-batch overlap, "halved" its MoE layers, whose
-        collectives run once per half and whose all-to-all's dispatch and combine hide behind the other half's
-        compute (SGLang overlaps only those in DeepSeek-V2/V3 layers: operations_strategy.py; with no all-to-all
-        backend, validation_hook.py check_two_batch_overlap: only DeepSeek-V4's), and "whole" the others, with
-        the once-a-step collectives and the hand-offs."""
-        template = self._comm_templates.get((stage, phase, part))
-        if template is not None:
-            return template
+    def comm_template(self, stage: int, phase: str, part: str) -> CommTemplate | None:
+        """The collectives of `comm_steps` that run on this stage in this phase (None: none run): per layer kind, once
+        per step (embedding all-reduce on the first stage, logits all-gather of the sampled tokens on the last), and the
+        hand-offs between stages (counted on the first). `part`: "all" the stage's layers; with two-batch overlap,
+        "halved" its MoE layers, whose collectives run once per half and whose all-to-all's dispatch and combine hide
+        behind the other half's compute (SGLang overlaps only those in DeepSeek-V2/V3 layers: operations_strategy.py;
+        with no all-to-all backend, validation_hook.py check_two_batch_overlap: only DeepSeek-V4's), and "whole" the
+        others, with the once-a-step collectives and the hand-offs."""
+        if (stage, phase, part) in self._comm_templates:
+            return self._comm_templates[(stage, phase, part)][0]
         last = self.layout.pp - 1
         kinds = self._stage_kinds[stage]
         if part != "all":
@@ -422,9 +443,11 @@ class StepModel:
                 group = self._group(c.group, c.group_size, stage)
             overlapped = halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL
             impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
-            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), group, impl, overlapped, count))
-        self._comm_templates[(stage, phase, part)] = out
-        return out
+            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), group, self.cluster.span(group),
+                        impl, overlapped, count))  # fmt: skip
+        template = _comm_template(self.cluster, out) if out else None
+        self._comm_templates[(stage, phase, part)] = (template, tuple(out))
+        return template
 
     def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
         key = name if name in ("attn_tp", "moe_ep") else "stage"
@@ -604,3 +627,22 @@ def _routed_experts(inputs: ExpertInputs, tokens: int) -> Compute:
         ),  # fmt: skip
         tokens=tokens,
     )
+
+
+def _calls(entries: Sequence[tuple], tokens: Sequence[int]) -> list[tuple]:
+    """Template entries' collectives for these tokens (the rank's new tokens, the stage's, those cached, those
+    sampled): (where, collective, bytes, group, implementation, hidden by two-batch overlap, times run)."""
+    return [(where, op, per_token * tokens[source], group, impl, overlapped, count)
+            for where, op, per_token, source, group, _, impl, overlapped, count in entries]  # fmt: skip
+
+
+def comm_ops(key: tuple) -> tuple[Comm, ...]:
+    """The collectives a "comms" piece key names, each on one group that runs it (`StepModel.ops` lists each stage's
+    own groups; the link model reads only their span)."""
+    return _comm_ops(_calls(key[1].entries, key[4:]))
+
+
+def _comm_ops(calls: list[tuple]) -> tuple[Comm, ...]:
+    return tuple(Comm(name=name, stage=0, count=count, collective=op, group=group, size_bytes=size, impl=impl,
+                      overlapped=overlapped)
+                 for name, op, size, group, impl, overlapped, count in calls)  # fmt: skip

@@ -8,9 +8,10 @@ network). Measured collective tables attach themselves when the GPU family, the 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import Field
 
@@ -78,6 +79,17 @@ class ClusterSpec(Frozen):
     def numa_of(self, gpu: int) -> int:
         per_numa = max(1, self.gpus_per_node // self.intra.numa_nodes)
         return (gpu % self.gpus_per_node) // per_numa
+
+    def span(self, gpus: Sequence[int]) -> Span:
+        """How a group of GPUs lies on the cluster: how many, whether they span nodes, whether they span a node's
+        CPU sockets. All the link model reads of a group (cost/comm.py): groups with one span cost the same."""
+        return Span(len(gpus), len({self.node_of(g) for g in gpus}) > 1, len({self.numa_of(g) for g in gpus}) > 1)
+
+
+class Span(NamedTuple):
+    gpus: int
+    across_nodes: bool
+    across_sockets: bool
 
 
 class ClusterFile(Frozen):
