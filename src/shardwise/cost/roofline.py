@@ -17,7 +17,7 @@ from shardwise.cost.comm import collective_cost
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import overheads
 from shardwise.ops.types import Comm, Compute, OpClass
-from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.cluster import ClusterSpec, Span
 
 Bound = str  # "compute" | "memory" | "comm" | "launch"
 
@@ -119,11 +119,11 @@ class Measured:
 
 
 def collective_s(cluster: ClusterSpec, collective: Collective, size_bytes: float, group: tuple[int, ...], impl: str,
-                 cache: dict[tuple, float] | None = None) -> float:  # fmt: skip
+                 cache: dict[tuple, float] | None = None, span: Span | None = None) -> float:  # fmt: skip
     """One run of a collective from the link model, with any calibrated fixed time per call; `cache` remembers the
     link model's times by (collective, size, how the group spans the cluster, implementation): groups of one span
-    cost the same."""
-    key = (collective, size_bytes, cluster.span(group), impl)
+    cost the same (`span`: the group's, where known)."""
+    key = (collective, size_bytes, span or cluster.span(group), impl)
     one = cache.get(key) if cache is not None else None
     if one is None:
         one = collective_cost(cluster, collective, size_bytes=size_bytes, gpus=group, impl=impl).time_s

@@ -240,7 +240,9 @@ class StepCostModel:
         for _, op, per_token, source, group, span, impl, overlapped, count in template.entries:
             size = per_token * tokens[source]
             one = times.get((op, size, span, impl))  # the link model's time, as `collective_s` remembers it
-            seconds = self._call_s + one if one is not None else collective_s(cluster, op, size, group, impl, times)
+            seconds = (
+                self._call_s + one if one is not None else collective_s(cluster, op, size, group, impl, times, span)
+            )
             if overlapped:
                 hidden += seconds * count
             else:

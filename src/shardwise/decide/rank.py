@@ -246,15 +246,12 @@ class ParetoPoint:
 def pareto(candidates: tuple[Candidate, ...] | list[Candidate]) -> list[ParetoPoint]:
     """Points (setup, concurrency) that no other beats on both throughput per GPU and speed per user,
     fastest per user first."""
-    points = [
-        ParetoPoint(candidate=c, prediction=p, tok_s_per_gpu=p.output_tok_s / c.gpus, per_user_tok_s=p.per_user_tok_s)
-        for c in candidates
-        for p in c.predictions
-    ]
-    points.sort(key=lambda q: (-q.per_user_tok_s, -q.tok_s_per_gpu))
+    # (speed per user, throughput per GPU, which): a point each, made whole only where it is on the frontier
+    points = [(p.per_user_tok_s, p.output_tok_s / c.gpus, c, p) for c in candidates for p in c.predictions]
+    points.sort(key=lambda q: (-q[0], -q[1]))
     frontier, best = [], -1.0
-    for q in points:
-        if q.tok_s_per_gpu > best:
-            frontier.append(q)
-            best = q.tok_s_per_gpu
+    for per_user, per_gpu, c, p in points:
+        if per_gpu > best:
+            frontier.append(ParetoPoint(candidate=c, prediction=p, tok_s_per_gpu=per_gpu, per_user_tok_s=per_user))
+            best = per_gpu
     return frontier

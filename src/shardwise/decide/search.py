@@ -91,7 +91,7 @@ class Candidate:
         """The commands that start it: one per node."""
         return self.node_launches or (self.launch,)
 
-    @property
+    @cached_property
     def name(self) -> str:
         return f"{self.engine} {self.layout.describe()}" + (f", {self.variant}" if self.variant else "")
 
@@ -313,8 +313,7 @@ class _Search:
         while pending:  # each setup's ledger let go once it is predicted: a report sizes the few it shows again
             engine, setup, memory, variant = pending.popleft()
             assert setup.layout is not None
-            costs = setup.layout.model_copy(update={"options": setup.layout.options.model_copy(
-                update={"memory_fraction": None})}).model_dump_json()  # fmt: skip
+            costs = setup.layout.model_dump_json(exclude={"options": {"memory_fraction"}})
             held = shared.get(costs)
             if held is None:
                 shared.clear()  # variants of one layout are considered together

@@ -8,6 +8,7 @@ flags → Layout mapping, how many GPUs a configuration uses, and which configur
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cache
 from typing import Any, ClassVar
 
 from packaging.version import Version
@@ -191,7 +192,7 @@ class FlagEngine:
         return render_command(flag_table(self.name), version, model_ref=model_ref, values=values)
 
     def _version_note(self, version: Version) -> list[Note]:
-        known = [Version(v) for v in flag_table(self.name).known_versions]
+        known = _known_versions(self.name)
         if min(known) <= version <= max(known):
             return []
         return [
@@ -227,3 +228,9 @@ class FlagEngine:
             gpus_used=0,
             gpus_available=cluster.num_gpus,
         )
+
+
+@cache
+def _known_versions(engine: str) -> tuple[Version, ...]:
+    """The releases an engine's rules were read from (parsed once: every setup checks against them)."""
+    return tuple(Version(v) for v in flag_table(engine).known_versions)
