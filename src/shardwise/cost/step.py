@@ -133,9 +133,11 @@ class StepCostModel:
     """Prices steps of one layout on one cluster; build once, call `step` for each batch. `tables=False` prices
     every op on the roofline (what the measured kernel tables change is then visible)."""
 
-    def __init__(self, step_model: StepModel, *, tables: bool = True, layout: Layout | None = None) -> None:
+    def __init__(
+        self, step_model: StepModel, *, tables: bool = True, layout: Layout | None = None, costs: dict | None = None
+    ) -> None:
         """`layout`: the layout whose host side is priced, where `step_model` is shared with layouts whose ops cost
-        the same (default its own)."""
+        the same (default its own); `costs`: their shared table, where the caller has it (`of`)."""
         self.step_model = step_model
         layout = self.layout = layout or step_model.layout
         self.cluster: ClusterSpec = step_model.cluster
@@ -158,7 +160,7 @@ class StepCostModel:
         self._comm_pieces = _remembered(("comm pieces", id(self.cluster)), self.cluster)
         self._call_s = cal.value("collective_call_s", 0.0) if cal is not None else 0.0  # as `collective_s` adds it
         self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
-        self._costs = _shared_costs(step_model.model, layout, self.cluster, tables)
+        self._costs = costs if costs is not None else _shared_costs(step_model.model, layout, self.cluster, tables)
         self._pieces: dict[tuple, _Piece] = self._costs.setdefault("pieces", {})
         # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
         self._op_costs = _remembered(("op costs", id(self.cluster), layout.engine, layout.version, tables),
@@ -171,7 +173,7 @@ class StepCostModel:
         step_model = shared.get("step model")
         if step_model is None:
             step_model = shared["step model"] = StepModel(model, layout, cluster)
-        return cls(step_model, tables=tables, layout=layout)
+        return cls(step_model, tables=tables, layout=layout, costs=shared)
 
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
         key = (phase.value, requests, new_tokens, context_tokens)
