@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from shardwise.cost.measured import MeasuredKernels
@@ -176,7 +176,10 @@ class StepCostModel:
         return cls(step_model, tables=tables, layout=layout, costs=shared)
 
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
-        key = (phase.value, requests, new_tokens, context_tokens)
+        layout = self.layout
+        # a step follows from the busiest attention-DP rank's requests (StepModel.pieces; the host's work likewise)
+        rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
+        key = (phase.value, rank_batch, new_tokens, context_tokens)
         priced = self._costs.get(key)
         if priced is None:  # each piece priced once and counted as often as it runs: a step is linear in them
             found: dict[int, _Piece] = {}  # by the key object: a layer's key is one object on every stage
@@ -186,8 +189,6 @@ class StepCostModel:
                 if id(p.key) not in found:
                     found[id(p.key)] = self._piece(p.key)
             priced = self._costs[key] = tuple((p.stage, p.count, found[id(p.key)]) for p in pieces)
-        layout = self.layout
-        rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
         per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
         whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
@@ -204,7 +205,7 @@ class StepCostModel:
                 pieces=priced, stages=stages,
                 release=layout.version,
             )  # fmt: skip
-        return step
+        return step if step.requests == requests else replace(step, requests=requests)
 
     def _piece(self, key: tuple) -> _Piece:
         if key[0] == "comms":  # its key holds all its time follows from: shared by every layout on the cluster
