@@ -194,11 +194,12 @@ class StepCostModel:
         whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
         step = self._costs.get(whole)
         if step is None:
-            sums = [[0.0] * 6 for _ in range(layout.pp)]
+            sums = [(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * layout.pp
             for stage, count, piece in priced:
-                total = sums[stage]
-                for i, value in enumerate(piece.sums):
-                    total[i] += count * value
+                a, b, c, d, e, f = sums[stage]
+                pa, pb, pc, pd, pe, pf = piece.sums
+                sums[stage] = (a + count * pa, b + count * pb, c + count * pc, d + count * pd, e + count * pe,
+                               f + count * pf)  # fmt: skip
             stages = tuple(self._stage(s, sums[s], graphed, per_request if s == 0 else 0.0) for s in range(layout.pp))
             step = self._costs[whole] = StepCost(
                 phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens,
@@ -263,7 +264,7 @@ class StepCostModel:
             cost = self._op_costs[op] = compute_cost(op, self.rates, self._measured.time(op))
         return cost
 
-    def _stage(self, stage: int, sums: list[float], graphed: bool, per_request: float = 0.0) -> StageCost:
+    def _stage(self, stage: int, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> StageCost:
         """One stage's time from the sums of its ops (`_Piece.sums`): its GPU work, and the host's where it is
         longer. `per_request` is the scheduler's work for the running requests: beside the launches when the
         scheduler overlaps the GPU, after them otherwise."""

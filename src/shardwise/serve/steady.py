@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from shardwise.cost.memory import MemoryLedger
 from shardwise.cost.step import StepCost
@@ -93,11 +93,14 @@ class Predictor:
             key = (c, isl, osl, min(c, cap), c > cap, self.memory.ranks)
             p = self._shared.get(key)
             if p is None:
-                p = self._shared[key] = replace(self.predict(concurrency=c, isl=isl, osl=osl), decode=None)
+                p = self._shared[key] = self.predict(concurrency=c, isl=isl, osl=osl, with_step=False)
             out.append(p)
         return tuple(out)
 
-    def predict(self, *, concurrency: int, isl: int, osl: int, decode_only: bool = False) -> Prediction:
+    def predict(
+        self, *, concurrency: int, isl: int, osl: int, decode_only: bool = False, with_step: bool = True
+    ) -> Prediction:
+        """The figures at one concurrency, with its decode step (`with_step`: else None, as a search keeps them)."""
         cap = self.memory.max_concurrency(isl=isl, osl=osl)
         if cap < 1:
             raise ValueError(f"no request of {isl} + {osl} tokens fits: memory verdict {self.memory.verdict}")
@@ -127,7 +130,8 @@ class Predictor:
         bound = max(breakdown, key=breakdown.__getitem__)
         return Prediction(
             concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
-            tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if concurrency > cap else bound, decode=decode.step,
+            tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if concurrency > cap else bound,
+            decode=decode.step if with_step else None,
             cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=breakdown,
             tokens_per_step=decode.tokens,
         )  # fmt: skip
