@@ -18,7 +18,7 @@ from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
-from shardwise.ops.build import StepModel, comm_ops, op_for
+from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for
 from shardwise.ops.types import Compute, Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -218,8 +218,21 @@ class StepCostModel:
             return piece
         piece = self._pieces.get(key)
         if piece is None:
-            piece = self._pieces[key] = _Piece(self._op_costs_of(key))
+            piece = self._pieces[key] = self._layer(key) if key[0] == "layer" else _Piece(self._op_costs_of(key))
         return piece
+
+    def _layer(self, key: tuple) -> _Piece:
+        """A layer's piece: its GEMMs' costs and sums remembered for every layout that runs them alike (they follow
+        from the layer's matrices, the phase and the tokens alone), then its other ops added in their order."""
+        inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = key[1:]
+        shared = ("gemms", inputs.gemms, inputs.gathered, inputs.dense_gathered, phase, rank_tokens, stage_tokens)
+        gemms = self._op_costs.get(shared)
+        if gemms is None:
+            costs = tuple(self._keyed_cost(k) for k in layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens))
+            gemms = self._op_costs[shared] = (costs, _added(costs, (0.0,) * 6))
+        rest = tuple(self._keyed_cost(k) for k in layer_other_keys(inputs, phase, rank_requests, rank_tokens,
+                                                                   stage_tokens, new_tokens, context))  # fmt: skip
+        return _Piece(gemms[0] + rest, _added(rest, gemms[1]))
 
     def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:
         """The costs of a piece's ops, each run once (a layer's, the embedding's and the head's by their ops' keys: no
@@ -297,17 +310,7 @@ class _Piece:
         self._costs = costs
         if sums is None:
             assert isinstance(costs, tuple)
-            acc = [0.0] * 6
-            for c in costs:
-                acc[5] += c.kernels
-                if c.hidden:
-                    acc[4] += c.comm_s
-                elif c.op_class.value == "comm":
-                    acc[3] += c.comm_s
-                else:
-                    acc[2] += c.launch_s
-                    acc[0 if c.compute_s > c.memory_s else 1] += c.time_s - c.launch_s
-            sums = tuple(acc)
+            sums = _added(costs, (0.0,) * 6)
         self.sums = sums
 
     @property
@@ -315,3 +318,18 @@ class _Piece:
         if not isinstance(self._costs, tuple):
             self._costs = self._costs()
         return self._costs
+
+
+def _added(costs: tuple[OpCost, ...], start: tuple[float, ...]) -> tuple[float, ...]:
+    """`start` (a piece's six sums, `_Piece.sums`) with the ops' costs added, one by one in their order."""
+    acc = list(start)
+    for c in costs:
+        acc[5] += c.kernels
+        if c.hidden:
+            acc[4] += c.comm_s
+        elif c.op_class.value == "comm":
+            acc[3] += c.comm_s
+        else:
+            acc[2] += c.launch_s
+            acc[0 if c.compute_s > c.memory_s else 1] += c.time_s - c.launch_s
+    return tuple(acc)

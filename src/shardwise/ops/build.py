@@ -363,7 +363,9 @@ class StepModel:
         return out
 
     def piece_ops(self, key: tuple) -> tuple[Op, ...]:
-        """The ops a piece names, each run once (their stage 0: a piece's place is its own)."""
+        """The ops a piece names, each run once (their stage 0: a piece's place is its own). A stage's collectives are
+        listed on the groups of one stage that runs them alike (their time is the same); `ops` lists each stage's
+        own groups."""
         if key[0] == "comms":
             return comm_ops(key)
         return tuple(op_for(k) for k in self.piece_op_keys(key))
@@ -460,7 +462,16 @@ def layer_op_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_toke
                   new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
     """The keys of one layer's ops (run once) for a batch: `rank_requests` requests of the busiest attention-DP rank
     adding `new_tokens` each (`rank_tokens` in all; `stage_tokens` over the stage's DP ranks) to `context` cached
-    tokens each. A key holds all its op is built from (`op_for`): equal keys, equal ops, on any layout."""
+    tokens each. A key holds all its op is built from (`op_for`): equal keys, equal ops, on any layout. Its GEMMs
+    first (`layer_gemm_keys`), then the rest (`layer_other_keys`)."""
+    return layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens) + layer_other_keys(
+        inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context
+    )
+
+
+def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tokens: int) -> list[tuple]:
+    """The keys of a layer's GEMMs: they follow from its matrices, which of them see every attention-DP rank's tokens,
+    the phase and the tokens alone."""
     keys: list[tuple] = []
     for g in inputs.gemms:
         name = g.matrix.name
@@ -471,11 +482,17 @@ def layer_op_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_toke
         else:
             tokens = rank_tokens
         keys.append(("gemm", g, phase, tokens))
-    keys.append(("attention", inputs.attention, phase, rank_requests, new_tokens, context))
+    return keys
+
+
+def layer_other_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_tokens: int, stage_tokens: int,
+                     new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
+    """The keys of a layer's attention, elementwise kernels and routed experts."""
+    keys: list[tuple] = [("attention", inputs.attention, phase, rank_requests, new_tokens, context)]
     # two residual-add norms, rotary, cache write (+ the q_a and kv_a norms of MLA), the MoE output add
     elementwise = (6 if inputs.model.attention.kind == "mla" else 4) + (inputs.kind[1] == "moe")
     keys.append(("elementwise", elementwise, inputs.model.hidden_size, rank_tokens))
-    if inputs.experts is not None:
+    if inputs.kind[1] == "moe":
         keys.append(("experts", inputs.experts, stage_tokens))
     return keys
 
