@@ -130,12 +130,29 @@ def _weight_profile(model: ModelSpec, *, mtp: bool) -> dict[tuple[str, str], tup
     return held[1]
 
 
-def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None) -> list[dict[str, float]]:
-    """Bytes per component on one GPU of each stage."""
+_STAGE_WEIGHTS: dict[tuple, tuple[ModelSpec, ModelSpec | None, tuple[dict[str, float], ...]]] = {}
+
+
+def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None) -> tuple[dict[str, float], ...]:
+    """Bytes per component on one GPU of each stage (shared: read them, do not change them). Remembered by the
+    layout less its options, all they read but whether the MTP layers draft: a search sizes each structure with
+    CUDA graphs off, the memory fraction raised and so on."""
+    spec = layout.options.spec
+    mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers)
+    key = (id(model), id(drafter), mtp, layout.model_dump_json(exclude={"options"}))
+    held = _STAGE_WEIGHTS.get(key)
+    if held is None or held[0] is not model or held[1] is not drafter:
+        if len(_STAGE_WEIGHTS) >= 64:  # a search sizes one structure's variants together
+            _STAGE_WEIGHTS.pop(next(iter(_STAGE_WEIGHTS)))
+        held = _STAGE_WEIGHTS[key] = (model, drafter, tuple(_weights_per_stage(model, layout, drafter, mtp)))
+    return held[2]
+
+
+def _weights_per_stage(
+    model: ModelSpec, layout: Layout, drafter: ModelSpec | None, mtp: bool
+) -> list[dict[str, float]]:
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
     stages: list[dict[str, float]] = [{} for _ in ranges]
-    spec = layout.options.spec
-    mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers)  # the MTP layers are the draft
     n = model.num_layers
     for (component, _), (rep, slots) in _weight_profile(model, mtp=mtp).items():
         ways = weight_ways(rep, layout, model)

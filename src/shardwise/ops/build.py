@@ -21,7 +21,7 @@ from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecod
 from shardwise.ops.collectives import comm_steps
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
-from shardwise.spec.cluster import ClusterSpec
+from shardwise.spec.cluster import ClusterSpec, Span
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import Weight, model_weights
 
@@ -240,6 +240,19 @@ class CommTemplate:
 _TEMPLATES: dict[tuple, CommTemplate] = {}
 
 
+_SPANS: dict[tuple, tuple[ClusterSpec, Span]] = {}
+
+
+def _span(cluster: ClusterSpec, group: tuple[int, ...]) -> Span:
+    """`cluster.span(group)`, remembered: the layouts of a search ask for the same groups."""
+    held = _SPANS.get((id(cluster), group))
+    if held is None or held[0] is not cluster:
+        if len(_SPANS) >= MAX_INTERNED:
+            _SPANS.clear()
+        held = _SPANS[(id(cluster), group)] = (cluster, cluster.span(group))
+    return held[1]
+
+
 def _comm_template(cluster: ClusterSpec, entries: list[tuple]) -> CommTemplate:
     key = (id(cluster), *(e[:4] + e[5:] for e in entries))
     held = _TEMPLATES.get(key)
@@ -445,7 +458,7 @@ class StepModel:
                 group = self._group(c.group, c.group_size, stage)
             overlapped = halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL
             impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
-            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), group, self.cluster.span(group),
+            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), group, _span(self.cluster, group),
                         impl, overlapped, count))  # fmt: skip
         template = _comm_template(self.cluster, out) if out else None
         self._comm_templates[(stage, phase, part)] = (template, tuple(out))
