@@ -79,24 +79,35 @@ class StepCost:
     new_tokens: int
     context_tokens: int
     pieces: tuple[tuple[int, int, _Piece], ...]  # (stage, times run, its ops' costs, one run each)
-    stages: tuple[StageCost, ...]
+    figures: tuple[tuple[float, float, float, tuple[float, ...]], ...]  # per stage: GPU, host, time, PARTS
     release: str = ""  # the engine release modelled
 
     @cached_property
+    def stages(self) -> tuple[StageCost, ...]:
+        """Each stage's cost (made when asked: a search reads only the step's times)."""
+        return tuple(StageCost(stage=i, gpu_s=gpu, host_s=host, time_s=time,
+                               parts_s=dict(zip(PARTS, parts, strict=True)))
+                     for i, (gpu, host, time, parts) in enumerate(self.figures))  # fmt: skip
+
+    @property
+    def longest_stage_s(self) -> float:
+        return max(f[2] for f in self.figures)
+
+    @cached_property
     def ops(self) -> tuple[OpCost, ...]:
-        """Every op of the step with its cost, in order (listed when asked: a search needs only the stages)."""
+        """Every op of the step with its cost, in order (listed when asked: a search needs only the stages' times)."""
         return tuple(c.run(count, stage) for stage, count, piece in self.pieces for c in piece.costs)
 
     @property
     def time_s(self) -> float:
-        return sum(s.time_s for s in self.stages)
+        return sum(f[2] for f in self.figures)
 
     @property
     def parts_s(self) -> dict[str, float]:
         """compute / memory / comm / launch / host seconds over all stages: they sum to time_s."""
         out = dict.fromkeys(PARTS, 0.0)
-        for s in self.stages:
-            for key, value in s.parts_s.items():
+        for f in self.figures:
+            for key, value in zip(PARTS, f[3], strict=True):
                 out[key] += value
         return out
 
@@ -200,10 +211,10 @@ class StepCostModel:
                 pa, pb, pc, pd, pe, pf = piece.sums
                 sums[stage] = (a + count * pa, b + count * pb, c + count * pc, d + count * pd, e + count * pe,
                                f + count * pf)  # fmt: skip
-            stages = tuple(self._stage(s, sums[s], graphed, per_request if s == 0 else 0.0) for s in range(layout.pp))
+            figures = tuple(self._stage(sums[s], graphed, per_request if s == 0 else 0.0) for s in range(layout.pp))
             step = self._costs[whole] = StepCost(
                 phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens,
-                pieces=priced, stages=stages,
+                pieces=priced, figures=figures,
                 release=layout.version,
             )  # fmt: skip
         return step if step.requests == requests else replace(step, requests=requests)
@@ -277,21 +288,20 @@ class StepCostModel:
             cost = self._op_costs[op] = compute_cost(op, self.rates, self._measured.time(op))
         return cost
 
-    def _stage(self, stage: int, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> StageCost:
-        """One stage's time from the sums of its ops (`_Piece.sums`): its GPU work, and the host's where it is
-        longer. `per_request` is the scheduler's work for the running requests: beside the launches when the
-        scheduler overlaps the GPU, after them otherwise."""
+    def _stage(self, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> tuple:
+        """One stage's (GPU, host, time, parts in PARTS order) from the sums of its ops (`_Piece.sums`): its GPU work,
+        and the host's where it is longer. `per_request` is the scheduler's work for the running requests: beside
+        the launches when the scheduler overlaps the GPU, after them otherwise."""
         compute, memory, launch, comm, hidden_comm, kernels = sums
-        parts = {"compute": compute, "memory": memory, "comm": comm + max(0.0, hidden_comm - compute - memory),
-                 "launch": launch, "host": 0.0}  # fmt: skip
-        gpu = sum(parts.values())
+        comm += max(0.0, hidden_comm - compute - memory)
+        gpu = sum((compute, memory, comm, launch, 0.0))
         host = self._graph_s if graphed else kernels * self._eager_s
         if self._overlap:
             host += per_request
-            parts["host"] = max(0.0, host - gpu)
+            waiting = max(0.0, host - gpu)
         else:  # a scheduler that does not overlap adds its time to every stage
-            parts["host"] = max(0.0, host - gpu) + self._scheduler_s + per_request
-        return StageCost(stage=stage, gpu_s=gpu, host_s=host, time_s=gpu + parts["host"], parts_s=parts)
+            waiting = max(0.0, host - gpu) + self._scheduler_s + per_request
+        return gpu, host, gpu + waiting, (compute, memory, comm, launch, waiting)
 
 
 class _Piece:

@@ -108,7 +108,7 @@ class StepTimes:
             phase=Phase.DECODE, requests=math.ceil(running / micro), new_tokens=verify, context_tokens=context
         )
         through = step.time_s
-        cycle = max(through, micro * max(s.time_s for s in step.stages))
+        cycle = max(through, micro * step.longest_stage_s)
         parts = dict(step.parts_s)
         if pp > 1:  # per-GPU view: the parts of one trip, the rest of the cycle waiting on the pipeline
             parts["pipeline"] = max(0.0, cycle - through)
