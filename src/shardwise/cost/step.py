@@ -19,7 +19,7 @@ from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cos
 from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
 from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for
-from shardwise.ops.types import Compute, Phase
+from shardwise.ops.types import Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
@@ -169,7 +169,6 @@ class StepCostModel:
         self._graph_max = layout.options.cuda_graph_max_bs
         self._comm_times = _shared_comm(self.cluster)
         self._comm_pieces = _remembered(("comm pieces", id(self.cluster)), self.cluster)
-        self._call_s = cal.value("collective_call_s", 0.0) if cal is not None else 0.0  # as `collective_s` adds it
         self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._costs = costs if costs is not None else _shared_costs(step_model.model, layout, self.cluster, tables)
         self._pieces: dict[tuple, _Piece] = self._costs.setdefault("pieces", {})
@@ -267,10 +266,7 @@ class StepCostModel:
         template, tokens = key[1], key[4:]
         for _, op, per_token, source, group, span, impl, overlapped, count in template.entries:
             size = per_token * tokens[source]
-            one = times.get((op, size, span, impl))  # the link model's time, as `collective_s` remembers it
-            seconds = (
-                self._call_s + one if one is not None else collective_s(cluster, op, size, group, impl, times, span)
-            )
+            seconds = collective_s(cluster, op, size, group, impl, times, span)
             if overlapped:
                 hidden += seconds * count
             else:
@@ -280,21 +276,13 @@ class StepCostModel:
         return _Piece(sums=(0.0, 0.0, 0.0, comm, hidden, kernels),
                       costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)))  # fmt: skip
 
-    def _compute_cost(self, op: Compute) -> OpCost:
-        cost = self._op_costs.get(op)
-        if cost is None:
-            if len(self._op_costs) >= REMEMBERED_OPS:
-                self._op_costs.clear()
-            cost = self._op_costs[op] = compute_cost(op, self.rates, self._measured.time(op))
-        return cost
-
     def _stage(self, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> tuple:
         """One stage's (GPU, host, time, parts in PARTS order) from the sums of its ops (`_Piece.sums`): its GPU work,
         and the host's where it is longer. `per_request` is the scheduler's work for the running requests: beside
         the launches when the scheduler overlaps the GPU, after them otherwise."""
         compute, memory, launch, comm, hidden_comm, kernels = sums
         comm += max(0.0, hidden_comm - compute - memory)
-        gpu = sum((compute, memory, comm, launch, 0.0))
+        gpu = compute + memory + comm + launch
         host = self._graph_s if graphed else kernels * self._eager_s
         if self._overlap:
             host += per_request

@@ -49,15 +49,11 @@ class Candidate:
     remote_code: bool = False  # the commands pass --trust-remote-code
     priced_by: tuple[ModelSpec, ClusterSpec, int, int] | None = field(default=None, repr=False, compare=False)
     # (model, cluster, isl, osl) of the search: what `priced` needs to price its steps again
-    ledger: MemoryLedger | None = field(default=None, repr=False, compare=False)  # None: sized again when asked
-    held_setup: Setup | None = field(default=None, repr=False, compare=False)  # None: set up again when asked
 
     @cached_property
     def setup(self) -> Setup:
         """The engine's setup of its command (a search keeps none of its thousands; a report asks for a few, set up
         again from the options its command gives)."""
-        if self.held_setup is not None:
-            return self.held_setup
         assert self.priced_by is not None, "a candidate without its setup is set up for its search's model"
         model, cluster, *_ = self.priced_by
         engine = get_engine(self.engine)
@@ -67,8 +63,6 @@ class Candidate:
     def memory(self) -> MemoryLedger:
         """How each GPU's memory is used (a search keeps the ledgers of none of its thousands of setups; a report
         asks for a few, sized again as the search sized them)."""
-        if self.ledger is not None:
-            return self.ledger
         assert self.priced_by is not None, "a candidate without its ledger is sized from its search's model"
         model, cluster, *_ = self.priced_by
         return memory_ledger(model, self.layout, cluster)

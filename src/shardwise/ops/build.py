@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -197,20 +197,26 @@ class LayerInputs:
     dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
 
 
-_INTERNED: dict[tuple, object] = {}
-MAX_INTERNED = 16_384  # distinct op inputs remembered (a search of 64 GPUs: a few thousand)
+MAX_INTERNED = 16_384  # distinct op inputs, templates or spans remembered (a search of 64 GPUs: a few thousand)
+_INTERNED: dict[tuple, tuple[object, Any]] = {}
+
+
+def _held(owner: object, key: tuple, make: Callable[[], Any]) -> Any:
+    """What `make` gives for `key` under `owner` (a model or a cluster), made once: remembered by the owner's id, held
+    beside it so that the id cannot name another while it is remembered."""
+    full = (id(owner), *key)
+    held = _INTERNED.get(full)
+    if held is None or held[0] is not owner:
+        if len(_INTERNED) >= MAX_INTERNED:
+            _INTERNED.clear()
+        held = _INTERNED[full] = (owner, make())
+    return held[1]
 
 
 def _interned(cls: type, model: ModelSpec, *fields: object) -> Any:
     """The one object of `cls` with these fields: op inputs are interned, so an op key that holds them hashes and
     compares by identity, and layouts that run the same op share its key (and so its cost)."""
-    key = (cls, id(model), *fields)
-    held = _INTERNED.get(key)
-    if held is None or held.model is not model:  # type: ignore[attr-defined]
-        if len(_INTERNED) >= MAX_INTERNED:
-            _INTERNED.clear()
-        held = _INTERNED[key] = cls(model, *fields)
-    return held
+    return _held(model, (cls, *fields), lambda: cls(model, *fields))
 
 
 def layer_inputs(model: ModelSpec, kind: tuple[str, str], matrices: list[_Matrix], experts: _Matrix | None,
@@ -237,30 +243,15 @@ class CommTemplate:
     entries: tuple[tuple, ...]
 
 
-_TEMPLATES: dict[tuple, CommTemplate] = {}
-
-
-_SPANS: dict[tuple, tuple[ClusterSpec, Span]] = {}
-
-
 def _span(cluster: ClusterSpec, group: tuple[int, ...]) -> Span:
     """`cluster.span(group)`, remembered: the layouts of a search ask for the same groups."""
-    held = _SPANS.get((id(cluster), group))
-    if held is None or held[0] is not cluster:
-        if len(_SPANS) >= MAX_INTERNED:
-            _SPANS.clear()
-        held = _SPANS[(id(cluster), group)] = (cluster, cluster.span(group))
-    return held[1]
+    return _held(cluster, ("span", group), lambda: cluster.span(group))
 
 
 def _comm_template(cluster: ClusterSpec, entries: list[tuple]) -> CommTemplate:
-    key = (id(cluster), *(e[:4] + e[5:] for e in entries))
-    held = _TEMPLATES.get(key)
-    if held is None or held.cluster is not cluster:
-        if len(_TEMPLATES) >= MAX_INTERNED:
-            _TEMPLATES.clear()
-        held = _TEMPLATES[key] = CommTemplate(cluster, tuple(entries))
-    return held
+    """The one template of these collectives, interned by all but their groups' GPU ids."""
+    key = ("template", *(e[:4] + e[5:] for e in entries))
+    return _held(cluster, key, lambda: CommTemplate(cluster, tuple(entries)))
 
 
 class StepModel:
@@ -399,8 +390,7 @@ class StepModel:
         for p in self.pieces(phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens):
             if p.key[0] == "comms":  # the stage's own groups
                 _, _, named, part, *tokens = p.key
-                self.comm_template(p.stage, named, part)
-                ops = _comm_ops(_calls(self._comm_templates[(p.stage, named, part)][1], tokens))
+                ops = _comm_ops(_calls(self._stage_comms(p.stage, named, part)[1], tokens))
             else:
                 ops = self.piece_ops(p.key)
             out += [replace(op, stage=p.stage, count=op.count * p.count) for op in ops]
@@ -424,8 +414,12 @@ class StepModel:
         behind the other half's compute (SGLang overlaps only those in DeepSeek-V2/V3 layers: operations_strategy.py;
         with no all-to-all backend, validation_hook.py check_two_batch_overlap: only DeepSeek-V4's), and "whole" the
         others, with the once-a-step collectives and the hand-offs."""
+        return self._stage_comms(stage, phase, part)[0]
+
+    def _stage_comms(self, stage: int, phase: str, part: str) -> tuple[CommTemplate | None, tuple[tuple, ...]]:
+        """`comm_template`'s template, and the stage's own collectives (its own groups), made once."""
         if (stage, phase, part) in self._comm_templates:
-            return self._comm_templates[(stage, phase, part)][0]
+            return self._comm_templates[(stage, phase, part)]
         last = self.layout.pp - 1
         kinds = self._stage_kinds[stage]
         if part != "all":
@@ -460,9 +454,9 @@ class StepModel:
             impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
             out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), group, _span(self.cluster, group),
                         impl, overlapped, count))  # fmt: skip
-        template = _comm_template(self.cluster, out) if out else None
-        self._comm_templates[(stage, phase, part)] = (template, tuple(out))
-        return template
+        made = self._comm_templates[(stage, phase, part)] = (_comm_template(self.cluster, out) if out else None,
+                                                             tuple(out))  # fmt: skip
+        return made
 
     def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
         key = name if name in ("attn_tp", "moe_ep") else "stage"
