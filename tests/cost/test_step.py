@@ -207,9 +207,9 @@ def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
     assert tp8["experts"] != ep8["experts"]  # EP8 reads whole experts, TP8 an eighth of each
     assert op_for(fp8["attention"]).bytes == pytest.approx(op_for(tp8["attention"]).bytes / 2)  # FP8 against BF16
     assert op_for(tp4["attention"]).flops == pytest.approx(2 * op_for(tp8["attention"]).flops)  # twice the heads
-    costs = priced("--tp 8")
+    pricer = priced("--tp 8")._pricer
     for key in tp8.values():
-        assert costs._keyed_cost(key) == compute_cost(op_for(key), costs.rates, costs._measured.time(op_for(key)))
+        assert pricer._keyed_cost(key) == compute_cost(op_for(key), pricer.rates, pricer._measured.time(op_for(key)))
 
 
 def test_stages_whose_collectives_span_the_cluster_alike_share_their_time_and_list_their_own_groups():

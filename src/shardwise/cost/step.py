@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import cached_property
+from dataclasses import dataclass, field, replace
+from functools import cached_property, partial
 
 from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
@@ -78,9 +78,15 @@ class StepCost:
     requests: int
     new_tokens: int
     context_tokens: int
-    pieces: tuple[tuple[int, int, _Piece], ...]  # (stage, times run, its ops' costs, one run each)
     figures: tuple[tuple[float, float, float, tuple[float, ...]], ...]  # per stage: GPU, host, time, PARTS
+    listing: Callable[[], tuple[tuple[int, int, _Piece], ...]] = field(repr=False, compare=False)
     release: str = ""  # the engine release modelled
+
+    @cached_property
+    def pieces(self) -> tuple[tuple[int, int, _Piece], ...]:
+        """(stage, times run, its ops' costs, one run each) of every piece (listed when asked: a search sums each
+        kind of stage once and reads only the times)."""
+        return self.listing()
 
     @cached_property
     def stages(self) -> tuple[StageCost, ...]:
@@ -152,7 +158,6 @@ class StepCostModel:
         self.step_model = step_model
         layout = self.layout = layout or step_model.layout
         self.cluster: ClusterSpec = step_model.cluster
-        self.rates = rates(self.cluster)
         oh, cal = overheads(), self.cluster.calibration
         eager, scheduler = oh.eager_kernel_cpu.si("s"), oh.scheduler_step_cpu.si("s")
         request = 0.0  # host time per running request per step: no measured default, a calibration may set it
@@ -167,14 +172,11 @@ class StepCostModel:
         self._scheduler_s = scheduler
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
-        self._comm_times = _shared_comm(self.cluster)
-        self._comm_pieces = _remembered(("comm pieces", id(self.cluster)), self.cluster)
-        self._measured = MeasuredKernels(self.cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._costs = costs if costs is not None else _shared_costs(step_model.model, layout, self.cluster, tables)
-        self._pieces: dict[tuple, _Piece] = self._costs.setdefault("pieces", {})
-        # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
-        self._op_costs = _remembered(("op costs", id(self.cluster), layout.engine, layout.version, tables),
-                                     self.cluster)  # fmt: skip
+        self._pricer = _Pricer(
+            step_model, layout, tables, self._costs.setdefault("pieces", {}), self._costs.setdefault("listed", {})
+        )
+        self.rates = self._pricer.rates
 
     @classmethod
     def of(cls, model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, tables: bool = True) -> StepCostModel:
@@ -190,35 +192,89 @@ class StepCostModel:
         # a step follows from the busiest attention-DP rank's requests (StepModel.pieces; the host's work likewise)
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         key = (phase.value, rank_batch, new_tokens, context_tokens)
-        priced = self._costs.get(key)
-        if priced is None:  # each piece priced once and counted as often as it runs: a step is linear in them
-            found: dict[int, _Piece] = {}  # by the key object: a layer's key is one object on every stage
-            pieces = self.step_model.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
-                                            context_tokens=context_tokens)  # fmt: skip
-            for p in pieces:
-                if id(p.key) not in found:
-                    found[id(p.key)] = self._piece(p.key)
-            priced = self._costs[key] = tuple((p.stage, p.count, found[id(p.key)]) for p in pieces)
+        sums = self._costs.get(key)
+        if sums is None:  # each piece priced once and counted as often as it runs: a step is linear in them
+            sums = self._costs[key] = self._stage_sums(phase, requests, new_tokens, context_tokens)
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
         per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
         whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
         step = self._costs.get(whole)
         if step is None:
-            sums = [(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)] * layout.pp
-            for stage, count, piece in priced:
-                a, b, c, d, e, f = sums[stage]
-                pa, pb, pc, pd, pe, pf = piece.sums
-                sums[stage] = (a + count * pa, b + count * pb, c + count * pc, d + count * pd, e + count * pe,
-                               f + count * pf)  # fmt: skip
-            figures = tuple(self._stage(sums[s], graphed, per_request if s == 0 else 0.0) for s in range(layout.pp))
+            alike: dict[int, tuple] = {}  # stages with the same pieces have the same figures (but the first)
+            figures = tuple(self._stage(sums[0], graphed, per_request) if s == 0 else
+                            alike.get(c) or alike.setdefault(c, self._stage(sums[c], graphed))
+                            for s, c in enumerate(self.step_model.stage_classes(phase)))  # fmt: skip
             step = self._costs[whole] = StepCost(
                 phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens,
-                pieces=priced, figures=figures,
-                release=layout.version,
+                figures=figures, listing=partial(self._pricer.listed, key, requests), release=layout.version,
             )  # fmt: skip
         return step if step.requests == requests else replace(step, requests=requests)
 
-    def _piece(self, key: tuple) -> _Piece:
+    def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> tuple[tuple[float, ...], ...]:
+        """Each stage's sums (`_Piece.sums` times as often as each piece runs), in its pieces' order; stages with the
+        same pieces (`StepModel.stage_classes`) are summed once."""
+        classes = self.step_model.stage_classes(phase)
+        firsts = [s for s, c in enumerate(classes) if s == c]
+        sums = dict.fromkeys(firsts, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+        found: dict[int, _Piece] = {}  # by the key object: a layer's key is one object on every stage
+        price = self._pricer.piece
+        for stage, count, key in self.step_model.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
+                                                        context_tokens=context, stages=firsts):  # fmt: skip
+            piece = found.get(id(key))
+            if piece is None:
+                piece = found[id(key)] = price(key)
+            a, b, c, d, e, f = sums[stage]
+            pa, pb, pc, pd, pe, pf = piece.sums
+            sums[stage] = (a + count * pa, b + count * pb, c + count * pc, d + count * pd, e + count * pe,
+                           f + count * pf)  # fmt: skip
+        return tuple(sums[c] for c in classes)
+
+    def _stage(self, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> tuple:
+        """One stage's (GPU, host, time, parts in PARTS order) from the sums of its ops (`_Piece.sums`): its GPU work,
+        and the host's where it is longer. `per_request` is the scheduler's work for the running requests: beside
+        the launches when the scheduler overlaps the GPU, after them otherwise."""
+        compute, memory, launch, comm, hidden_comm, kernels = sums
+        comm += max(0.0, hidden_comm - compute - memory)
+        gpu = compute + memory + comm + launch
+        host = self._graph_s if graphed else kernels * self._eager_s
+        if self._overlap:
+            host += per_request
+            waiting = max(0.0, host - gpu)
+        else:  # a scheduler that does not overlap adds its time to every stage
+            waiting = max(0.0, host - gpu) + self._scheduler_s + per_request
+        return gpu, host, gpu + waiting, (compute, memory, comm, launch, waiting)
+
+
+class _Pricer:
+    """Prices the pieces of one layout's steps (`StepModel.pieces`), each once, from the op costs, collective times and
+    layer pieces every layout on the cluster shares. A step lists its pieces through it when asked: it holds no step,
+    so a step that holds it makes no reference cycle (a search lets go of thousands of cost models)."""
+
+    def __init__(self, step_model: StepModel, layout: Layout, tables: bool, pieces: dict[tuple, _Piece],
+                 listed: dict[tuple, tuple[tuple[int, int, _Piece], ...]]) -> None:  # fmt: skip
+        """`pieces` and `listed`: the priced pieces and the steps' lists of them, shared by the layouts that share
+        `step_model`."""
+        self.step_model, cluster = step_model, step_model.cluster
+        self.cluster, self.rates = cluster, rates(cluster)
+        self._comm_times = _shared_comm(cluster)
+        self._comm_pieces = _remembered(("comm pieces", id(cluster)), cluster)
+        self._measured = MeasuredKernels(cluster.gpu.name, layout.engine, layout.version, enabled=tables)
+        self._pieces = pieces
+        self._listed = listed
+        # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
+        self._op_costs = _remembered(("op costs", id(cluster), layout.engine, layout.version, tables), cluster)
+
+    def listed(self, key: tuple, requests: int) -> tuple[tuple[int, int, _Piece], ...]:
+        """Every piece of the step `key` names (see `step`), each priced once: shared by the layouts that share them."""
+        listed = self._listed.get(key)
+        if listed is None:
+            phase, _, new_tokens, context = key
+            pieces = self.step_model.pieces(phase=Phase(phase), requests=requests, new_tokens=new_tokens,
+                                            context_tokens=context)  # fmt: skip
+            listed = self._listed[key] = tuple((p.stage, p.count, self.piece(p.key)) for p in pieces)
+        return listed
+
+    def piece(self, key: tuple) -> _Piece:
         if key[0] == "comms":  # its key holds all its time follows from: shared by every layout on the cluster
             piece = self._comm_pieces.get(key)
             if piece is None:
@@ -275,21 +331,6 @@ class StepCostModel:
         # listed when asked, from the key alone: the piece is shared by every layout on the cluster
         return _Piece(sums=(0.0, 0.0, 0.0, comm, hidden, kernels),
                       costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)))  # fmt: skip
-
-    def _stage(self, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> tuple:
-        """One stage's (GPU, host, time, parts in PARTS order) from the sums of its ops (`_Piece.sums`): its GPU work,
-        and the host's where it is longer. `per_request` is the scheduler's work for the running requests: beside
-        the launches when the scheduler overlaps the GPU, after them otherwise."""
-        compute, memory, launch, comm, hidden_comm, kernels = sums
-        comm += max(0.0, hidden_comm - compute - memory)
-        gpu = compute + memory + comm + launch
-        host = self._graph_s if graphed else kernels * self._eager_s
-        if self._overlap:
-            host += per_request
-            waiting = max(0.0, host - gpu)
-        else:  # a scheduler that does not overlap adds its time to every stage
-            waiting = max(0.0, host - gpu) + self._scheduler_s + per_request
-        return gpu, host, gpu + waiting, (compute, memory, comm, launch, waiting)
 
 
 class _Piece:

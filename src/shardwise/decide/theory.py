@@ -22,7 +22,7 @@ from shardwise.decide.rank import (
     rank,
     winners_by_concurrency,
 )
-from shardwise.decide.search import Candidate, SearchResult, search
+from shardwise.decide.search import Candidate, SearchResult, no_cycle_collection, search
 from shardwise.decide.whatif import WhatIf, what_ifs
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import model_reference
@@ -98,30 +98,31 @@ def theorise(
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
     model_ref = model_ref or model.name
-    result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl,
-                    concurrency=SCREEN_LEVELS if concurrency is None else concurrency, version=version,
-                    progress=progress, saturate=concurrency is None)  # fmt: skip
-    ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
-    winners = winners_by_concurrency(result.candidates)
-    benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None
-    if benchmark is not None and benchmark.best is not None and objective is Objective.MAX_THROUGHPUT:
-        verify = _verify_benchmark(benchmark, model_ref, cluster, isl=isl, osl=osl, lengths=lengths,
-                                   range_ratio=range_ratio)  # fmt: skip
-    else:
-        verify = _verify(ranking, model_ref, cluster, isl=isl, osl=osl)
-    return Theory(
-        result=result,
-        ranking=ranking,
-        explanation=explain(ranking),
-        ceiling=ceiling(model, cluster, isl=isl, osl=osl),
-        what_ifs=tuple(what_ifs(result, ranking, accept_length=accept_length)),
-        winners=tuple(winners),
-        crossovers=tuple(crossovers(winners)),
-        frontier=tuple(pareto(result.candidates)),
-        verify=verify,
-        would_fit=() if result.candidates else _too_long(result) + would_fit(model, cluster, isl=isl, osl=osl),
-        benchmark=benchmark,
-    )
+    with no_cycle_collection():  # the search, ranking and frontier make no reference cycles
+        result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl,
+                        concurrency=SCREEN_LEVELS if concurrency is None else concurrency, version=version,
+                        progress=progress, saturate=concurrency is None)  # fmt: skip
+        ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
+        winners = winners_by_concurrency(result.candidates)
+        benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None
+        if benchmark is not None and benchmark.best is not None and objective is Objective.MAX_THROUGHPUT:
+            verify = _verify_benchmark(benchmark, model_ref, cluster, isl=isl, osl=osl, lengths=lengths,
+                                       range_ratio=range_ratio)  # fmt: skip
+        else:
+            verify = _verify(ranking, model_ref, cluster, isl=isl, osl=osl)
+        return Theory(
+            result=result,
+            ranking=ranking,
+            explanation=explain(ranking),
+            ceiling=ceiling(model, cluster, isl=isl, osl=osl),
+            what_ifs=tuple(what_ifs(result, ranking, accept_length=accept_length)),
+            winners=tuple(winners),
+            crossovers=tuple(crossovers(winners)),
+            frontier=tuple(pareto(result.candidates)),
+            verify=verify,
+            would_fit=() if result.candidates else _too_long(result) + would_fit(model, cluster, isl=isl, osl=osl),
+            benchmark=benchmark,
+        )
 
 
 def _verify(

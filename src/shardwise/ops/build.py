@@ -270,6 +270,7 @@ class StepModel:
         self._moe_kinds = [any(mlp == "moe" for _, mlp in kinds) for kinds in self._stage_kinds]
         # per (stage, phase, part): the interned template, and the stage's own collectives (its own groups)
         self._comm_templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[tuple, ...]]] = {}
+        self._classes: dict[Phase, tuple[int, ...]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
 
@@ -325,9 +326,11 @@ class StepModel:
 
     # --- one step ------------------------------------------------------------------------------------
 
-    def pieces(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Piece]:
+    def pieces(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int,
+               stages: Sequence[int] | None = None) -> list[Piece]:  # fmt: skip
         """The ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
-        prefill) to a context of `context_tokens` already cached, as pieces: `ops` lists them whole."""
+        prefill) to a context of `context_tokens` already cached, as pieces: `ops` lists them whole. `stages`: those
+        stages' pieces only (default every stage's)."""
         lay = self.layout
         rank_requests = math.ceil(requests / (lay.attn_dp * lay.replicas))  # busiest attention-DP rank
         rank_tokens = rank_requests * new_tokens
@@ -348,7 +351,8 @@ class StepModel:
         out: list[Piece] = []
         named = phase.value
         keys: dict[tuple[tuple[str, str], bool], tuple] = {}  # a layer kind's key, the same object on every stage
-        for stage, kinds in enumerate(self._stage_kinds):
+        for stage in range(lay.pp) if stages is None else stages:
+            kinds = self._stage_kinds[stage]
             halved = split and self._moe_kinds[stage]
             for kind, count in kinds.items():
                 half = halved and kind[1] == "moe"
@@ -362,9 +366,26 @@ class StepModel:
             if halved:
                 out += self._comm_pieces(stage, named, "halved", half_tokens)
             out += self._comm_pieces(stage, named, "whole" if halved else "all", whole_tokens)
-        out.append(Piece(stage=0, count=1, key=("embedding", rank_tokens)))
-        out.append(Piece(stage=lay.pp - 1, count=1, key=("head", sampled)))
+        if stages is None or 0 in stages:
+            out.append(Piece(stage=0, count=1, key=("embedding", rank_tokens)))
+        if stages is None or lay.pp - 1 in stages:
+            out.append(Piece(stage=lay.pp - 1, count=1, key=("head", sampled)))
         return out
+
+    def stage_classes(self, phase: Phase) -> tuple[int, ...]:
+        """Per stage, the first stage whose pieces are the same in every step of `phase` (the same layers in the same
+        order, the same collectives' template in each part, and neither first nor last): its sums are that stage's."""
+        made = self._classes.get(phase)
+        if made is None:
+            parts = ("all", "halved", "whole") if self.layout.options.two_batch_overlap else ("all",)
+            last, first = self.layout.pp - 1, {}
+            classes = []
+            for stage, kinds in enumerate(self._stage_kinds):
+                alike = (tuple(kinds.items()), stage == 0, stage == last,
+                         *(self._stage_comms(stage, phase.value, part)[0] for part in parts))  # fmt: skip
+                classes.append(first.setdefault(alike, stage))
+            made = self._classes[phase] = tuple(classes)
+        return made
 
     def piece_ops(self, key: tuple) -> tuple[Op, ...]:
         """The ops a piece names, each run once (their stage 0: a piece's place is its own). A stage's collectives are
