@@ -1,5 +1,6 @@
 """theorise on the user's case, checked against the engine, the physics floor and its own definitions."""
 
+import gc
 import json
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.ceiling import ceiling
 from shardwise.decide.rank import Objective, flag_gains, knee, option_gains, pareto, rank, winners_by_concurrency
+from shardwise.decide.search import no_cycle_collection, search
 from shardwise.decide.theory import theorise, would_fit
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
@@ -263,3 +265,25 @@ def test_what_a_search_lets_go_comes_back_as_it_was_priced(user_case):
     for c in result.candidates:
         assert c.setup.valid and c.setup.layout == c.layout and c.setup.given == c.given
         assert c.predictions[-1].running == c.memory.max_concurrency(isl=isl, osl=osl)
+
+
+def test_a_search_makes_no_reference_cycles():
+    """A search pauses Python's cycle collector (`no_cycle_collection`): it must then free all it lets go by reference
+    counts alone. A second search of both engines (the first loads the tables) leaves nothing for the collector;
+    a step that held its cost model, say, would leave a cycle for every step priced."""
+    model, cluster = load_model("kimi-k2.6"), load_cluster("8xrtx-pro-6000")
+
+    def searched() -> int:
+        result = search(model, cluster, model_ref="kimi-k2.6", engines=["sglang", "vllm"], isl=1024, osl=1024,
+                        concurrency=CLIENTS, saturate=True)  # fmt: skip
+        best = max(result.candidates, key=lambda c: c.peak.output_tok_s)
+        assert best.priced()[-1].decode is not None and best.memory.verdict == "ok"  # what a report makes again
+        return len(result.candidates)
+
+    with no_cycle_collection():
+        searched()
+        gc.collect()
+        setups = searched()
+        left = gc.collect()
+    assert setups > 500
+    assert left < setups / 10
