@@ -282,9 +282,14 @@ class _Pricer:
                     self._comm_pieces.clear()
                 piece = self._comm_pieces[key] = self._comms(key)
             return piece
+        if key[0] == "layer":  # its key holds the layer's inputs: shared by every layout that runs it alike
+            piece = self._op_costs.get(key)
+            if piece is None:
+                piece = self._op_costs[key] = self._layer(key)
+            return piece
         piece = self._pieces.get(key)
         if piece is None:
-            piece = self._pieces[key] = self._layer(key) if key[0] == "layer" else _Piece(self._op_costs_of(key))
+            piece = self._pieces[key] = _Piece(self._op_costs_of(key))
         return piece
 
     def _layer(self, key: tuple) -> _Piece:
