@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from shardwise.decide.search import Candidate
 from shardwise.engines.base import get_engine
 from shardwise.engines.flags import flag_table, flag_words, parse_version
@@ -219,7 +221,10 @@ def winners_by_concurrency(candidates: tuple[Candidate, ...] | list[Candidate]) 
     """The setup with the most output tok/s at each concurrency of the sweep."""
     out = []
     for n, prediction in enumerate(candidates[0].predictions if candidates else ()):
-        best = max(candidates, key=lambda c: (_shown(c.predictions[n].output_tok_s), -len(c.options)))
+        # setups shown alike differ by less than a unit of the fourth digit, under 0.1 % of the top: only those near it
+        top = max(c.predictions[n].output_tok_s for c in candidates)
+        near = [c for c in candidates if c.predictions[n].output_tok_s >= top * (1 - 2e-3)]
+        best = max(near, key=lambda c: (_shown(c.predictions[n].output_tok_s), -len(c.options)))
         out.append(Winner(concurrency=prediction.concurrency, candidate=best, prediction=best.predictions[n]))
     return out
 
@@ -246,12 +251,15 @@ class ParetoPoint:
 def pareto(candidates: tuple[Candidate, ...] | list[Candidate]) -> list[ParetoPoint]:
     """Points (setup, concurrency) that no other beats on both throughput per GPU and speed per user,
     fastest per user first."""
-    # (speed per user, throughput per GPU, which): a point each, made whole only where it is on the frontier
-    points = [(p.per_user_tok_s, p.output_tok_s / c.gpus, c, p) for c in candidates for p in c.predictions]
-    points.sort(key=lambda q: (-q[0], -q[1]))
-    frontier, best = [], -1.0
-    for per_user, per_gpu, c, p in points:
-        if per_gpu > best:
-            frontier.append(ParetoPoint(candidate=c, prediction=p, tok_s_per_gpu=per_gpu, per_user_tok_s=per_user))
-            best = per_gpu
-    return frontier
+    # a point each, fastest per user first (ties: more per GPU first, then in order); on the frontier where it gives
+    # more per GPU than every point before it
+    points = [(c, p) for c in candidates for p in c.predictions]
+    if not points:
+        return []
+    per_user = np.array([p.per_user_tok_s for _, p in points])
+    per_gpu = np.array([p.output_tok_s / c.gpus for c, p in points])
+    order = np.lexsort((-per_gpu, -per_user))  # stable: equal points keep their order
+    ranked = per_gpu[order]
+    before = np.maximum.accumulate(np.concatenate(([-1.0], ranked[:-1])))
+    return [ParetoPoint(candidate=points[i][0], prediction=points[i][1], tok_s_per_gpu=float(per_gpu[i]),
+                        per_user_tok_s=float(per_user[i])) for i in order[ranked > before]]  # fmt: skip
