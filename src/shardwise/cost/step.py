@@ -173,10 +173,10 @@ class StepCostModel:
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         self._costs = costs if costs is not None else _shared_costs(step_model.model, layout, self.cluster, tables)
-        self._pricer = _Pricer(
-            step_model, layout, tables, self._costs.setdefault("pieces", {}), self._costs.setdefault("listed", {})
-        )
-        self.rates = self._pricer.rates
+        pricer = self._costs.get("pricer")  # one for the layouts that share the table (their engine release too)
+        if pricer is None or pricer.step_model is not step_model or pricer.tables is not tables:
+            pricer = self._costs["pricer"] = _Pricer(step_model, layout, tables)
+        self._pricer, self.rates = pricer, pricer.rates
 
     @classmethod
     def of(cls, model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, tables: bool = True) -> StepCostModel:
@@ -250,17 +250,14 @@ class _Pricer:
     layer pieces every layout on the cluster shares. A step lists its pieces through it when asked: it holds no step,
     so a step that holds it makes no reference cycle (a search lets go of thousands of cost models)."""
 
-    def __init__(self, step_model: StepModel, layout: Layout, tables: bool, pieces: dict[tuple, _Piece],
-                 listed: dict[tuple, tuple[tuple[int, int, _Piece], ...]]) -> None:  # fmt: skip
-        """`pieces` and `listed`: the priced pieces and the steps' lists of them, shared by the layouts that share
-        `step_model`."""
-        self.step_model, cluster = step_model, step_model.cluster
+    def __init__(self, step_model: StepModel, layout: Layout, tables: bool) -> None:
+        self.step_model, self.tables, cluster = step_model, tables, step_model.cluster
         self.cluster, self.rates = cluster, rates(cluster)
         self._comm_times = _shared_comm(cluster)
         self._comm_pieces = _remembered(("comm pieces", id(cluster)), cluster)
         self._measured = MeasuredKernels(cluster.gpu.name, layout.engine, layout.version, enabled=tables)
-        self._pieces = pieces
-        self._listed = listed
+        self._pieces: dict[tuple, _Piece] = {}  # the embedding's and the head's, by their keys
+        self._listed: dict[tuple, tuple[tuple[int, int, _Piece], ...]] = {}  # each step's pieces, when asked
         # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
         self._op_costs = _remembered(("op costs", id(cluster), layout.engine, layout.version, tables), cluster)
 

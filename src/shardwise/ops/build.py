@@ -10,7 +10,7 @@ activation; attention as split-KV plus merge; a fused MoE as align, two grouped 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -108,6 +108,7 @@ def _gemms(w: Weight, ways: float, fused: dict[tuple, int]) -> tuple[GemmShape, 
 
 
 _REPRESENTATIVE: dict[int, tuple[ModelSpec, tuple[Weight, ...]]] = {}
+_SPLITS: OrderedDict[tuple, tuple[ModelSpec, Any]] = OrderedDict()  # a few layouts' weights as one GPU holds them
 
 
 def _first_layers(model: ModelSpec) -> dict[tuple[str, str], int]:
@@ -254,6 +255,62 @@ def _comm_template(cluster: ClusterSpec, entries: list[tuple]) -> CommTemplate:
     return _held(cluster, key, lambda: CommTemplate(cluster, tuple(entries)))
 
 
+# per layer kind its GEMM matrices, per layer kind its routed experts, and lm_head: as one GPU holds them
+_Split = tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], _Matrix]
+
+
+def _split_weights(model: ModelSpec, layout: Layout) -> _Split:
+    """`_read_weights`, remembered for the layouts that split the weights alike (a search's KV-cache twins: the cache's
+    dtype changes no weight)."""
+    key = (id(model), layout.model_dump_json(exclude={"options"}))
+    held = _SPLITS.get(key)
+    if held is None or held[0] is not model:
+        if len(_SPLITS) >= 8:
+            _SPLITS.popitem(last=False)
+        held = _SPLITS[key] = (model, _read_weights(model, layout))
+    return held[1]
+
+
+def _read_weights(model: ModelSpec, layout: Layout) -> _Split:
+    """Per layer kind: its GEMM matrices on one GPU; its routed experts (bytes of ONE expert, one GPU's
+    slice); and the lm_head bytes on one GPU."""
+    first = _first_layers(model)
+    by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
+    experts: dict[tuple[str, str], _Matrix] = {}
+    head = _Matrix("lm_head", 0.0, 0.0, "bf16")
+    weights = _representative_weights(model)
+    fused = _fused_widths(weights, layout, model)
+    for w in weights:
+        ways = weight_ways(w, layout, model)
+        if w.role == "lm_head" or (w.role == "embedding" and model.tie_word_embeddings):
+            head = _Matrix("lm_head", w.params / ways, w.bytes / ways, _dtype(w), gemms=_gemms(w, ways, {}))
+        if w.layer not in by_layer or len(w.shape) != 2:
+            continue
+        kind = _kind(model, w.layer)
+        if w.role == "routed_experts":
+            share = w.count * layout.moe_tp
+            old = experts.get(kind)
+            experts[kind] = _Matrix(
+                "experts",
+                w.params / share + (old.params if old else 0.0),
+                w.bytes / share + (old.bytes if old else 0.0),
+                _dtype(w),
+                w.format.name if w.format else "bf16",
+            )
+        elif w.role in GEMM_ROLES:
+            mats = by_layer[w.layer]
+            old = mats.get(w.component)
+            mats[w.component] = _Matrix(
+                w.component,
+                w.params / ways + (old.params if old else 0.0),
+                w.bytes / ways + (old.bytes if old else 0.0),
+                _dtype(w),
+                gemms=(old.gemms if old else ()) + _gemms(w, ways, fused),
+            )
+    matrices = {kind: list(by_layer[layer].values()) for kind, layer in first.items()}
+    return matrices, experts, head
+
+
 class StepModel:
     """A layout's step, ready to be listed for any batch."""
 
@@ -261,7 +318,7 @@ class StepModel:
         self.model, self.layout, self.cluster = with_kv_dtype(model, layout), layout, cluster
         self._groups = groups(layout)
         self._stage_kinds = self._count_kinds()
-        matrices, experts, head = self._read_weights()
+        matrices, experts, head = _split_weights(model, layout)
         self._head = _interned(HeadInputs, self.model, head, layout.lm_head_tp)
         self._layers = {kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout)
                         for kind, mats in matrices.items()}  # fmt: skip
@@ -277,45 +334,6 @@ class StepModel:
     def _count_kinds(self) -> list[Counter[tuple[str, str]]]:
         ranges = stage_layers(self.model.num_layers, self.layout.pp, self.layout.pp_extra_layers)
         return [Counter(_kind(self.model, i) for i in r) for r in ranges]
-
-    def _read_weights(self) -> tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], _Matrix]:
-        """Per layer kind: its GEMM matrices on one GPU; its routed experts (bytes of ONE expert, one GPU's
-        slice); and the lm_head bytes on one GPU."""
-        first = _first_layers(self.model)
-        by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
-        experts: dict[tuple[str, str], _Matrix] = {}
-        head = _Matrix("lm_head", 0.0, 0.0, "bf16")
-        weights = _representative_weights(self.model)
-        fused = _fused_widths(weights, self.layout, self.model)
-        for w in weights:
-            ways = weight_ways(w, self.layout, self.model)
-            if w.role == "lm_head" or (w.role == "embedding" and self.model.tie_word_embeddings):
-                head = _Matrix("lm_head", w.params / ways, w.bytes / ways, _dtype(w), gemms=_gemms(w, ways, {}))
-            if w.layer not in by_layer or len(w.shape) != 2:
-                continue
-            kind = _kind(self.model, w.layer)
-            if w.role == "routed_experts":
-                share = w.count * self.layout.moe_tp
-                old = experts.get(kind)
-                experts[kind] = _Matrix(
-                    "experts",
-                    w.params / share + (old.params if old else 0.0),
-                    w.bytes / share + (old.bytes if old else 0.0),
-                    _dtype(w),
-                    w.format.name if w.format else "bf16",
-                )
-            elif w.role in GEMM_ROLES:
-                mats = by_layer[w.layer]
-                old = mats.get(w.component)
-                mats[w.component] = _Matrix(
-                    w.component,
-                    w.params / ways + (old.params if old else 0.0),
-                    w.bytes / ways + (old.bytes if old else 0.0),
-                    _dtype(w),
-                    gemms=(old.gemms if old else ()) + _gemms(w, ways, fused),
-                )
-        matrices = {kind: list(by_layer[layer].values()) for kind, layer in first.items()}
-        return matrices, experts, head
 
     def _allreduce_impl(self) -> str:
         """Custom all-reduce runs over NVLink and over PCIe only for two GPUs; beyond that the engines fall back

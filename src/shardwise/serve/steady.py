@@ -86,14 +86,14 @@ class Predictor:
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
         """The predictions at each concurrency without their decode steps (what a search keeps of thousands of
         setups), shared with the layouts that share this one's step times wherever both run as many requests."""
-        cap = self.memory.max_concurrency(isl=isl, osl=osl)
+        cap, ranks = self._cap(isl, osl), self.memory.ranks
         out = []
         for c in concurrencies:
             # a prediction follows from the step times, the load, the requests running and whether others queue
-            key = (c, isl, osl, min(c, cap), c > cap, self.memory.ranks)
+            key = (c, isl, osl, min(c, cap), c > cap, ranks)
             p = self._shared.get(key)
             if p is None:
-                p = self._shared[key] = self.predict(concurrency=c, isl=isl, osl=osl, with_step=False)
+                p = self._shared[key] = self._predict(c, cap, isl, osl, decode_only=False, with_step=False)
             out.append(p)
         return tuple(out)
 
@@ -101,9 +101,17 @@ class Predictor:
         self, *, concurrency: int, isl: int, osl: int, decode_only: bool = False, with_step: bool = True
     ) -> Prediction:
         """The figures at one concurrency, with its decode step (`with_step`: else None, as a search keeps them)."""
+        return self._predict(concurrency, self._cap(isl, osl), isl, osl, decode_only=decode_only, with_step=with_step)
+
+    def _cap(self, isl: int, osl: int) -> int:
+        """The most requests of isl + osl tokens that run at once."""
         cap = self.memory.max_concurrency(isl=isl, osl=osl)
         if cap < 1:
             raise ValueError(f"no request of {isl} + {osl} tokens fits: memory verdict {self.memory.verdict}")
+        return cap
+
+    def _predict(self, concurrency: int, cap: int, isl: int, osl: int, *, decode_only: bool,
+                 with_step: bool) -> Prediction:  # fmt: skip
         running = min(concurrency, cap)
         decode = self.steps.decode(running, isl + osl // 2)
         cycle = decode.cycle_s / decode.tokens  # per output token
