@@ -80,7 +80,9 @@ class Predictor:
         self.layout, self.memory = layout, memory
         self.steps = steps or StepTimes(model, layout, cluster, accept_length=accept_length)
         self.chunk = self.layout.options.chunked_prefill_tokens or 8192
-        self._prefills: dict[tuple[int, int, int], float] = {}
+        # prefill times by what they follow from, shared with the layouts that share the step times
+        self._prefills: dict[tuple, tuple[float, float, float]] = self.steps.memo.setdefault("prefills", {})
+        self._chunks: dict[tuple, float] = self.steps.memo.setdefault("prefill chunks", {})
         self._shared = {} if shared is None else shared
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
@@ -151,24 +153,28 @@ class Predictor:
         """(prefill time per request when each rank batches prefills up to its chunk, one request's prefill
         alone, the time of one such batch). Attention-DP ranks and replicas prefill their own requests in the
         same step."""
-        ranks = max(1, min(self.memory.ranks, running))  # ranks with a request to prefill
-        alone = self._prefill_chunks(1, isl, ranks=1)
-        together = max(1, min(math.ceil(running / ranks), self.chunk // max(1, isl)))
-        batch = self._prefill_chunks(together, isl, ranks=ranks)
-        return batch / (together * ranks), alone, batch
+        key = (isl, running, self.memory.ranks, self.chunk)
+        made = self._prefills.get(key)
+        if made is None:
+            ranks = max(1, min(self.memory.ranks, running))  # ranks with a request to prefill
+            alone = self._prefill_chunks(1, isl, ranks=1)
+            together = max(1, min(math.ceil(running / ranks), self.chunk // max(1, isl)))
+            batch = self._prefill_chunks(together, isl, ranks=ranks)
+            made = self._prefills[key] = (batch / (together * ranks), alone, batch)
+        return made
 
     def _prefill_chunks(self, per_rank: int, isl: int, *, ranks: int) -> float:
         """Time to prefill `per_rank` requests of `isl` tokens on each of `ranks` ranks, chunk by chunk."""
-        key = (per_rank, isl, ranks)
-        if key not in self._prefills:
+        key = (per_rank, isl, ranks, self.chunk)
+        if key not in self._chunks:
             total, done = 0.0, 0
             per_chunk = max(1, self.chunk // per_rank)
             while done < isl:
                 new = min(per_chunk, isl - done)
                 total += self.steps.prefill(per_rank * ranks, new, done)
                 done += new
-            self._prefills[key] = total
-        return self._prefills[key]
+            self._chunks[key] = total
+        return self._chunks[key]
 
 
 def predict(

@@ -81,6 +81,7 @@ class StepTimes:
                 draft_layout = layout.model_copy(update={"pp": 1, "options": options})
                 self.draft = StepCostModel.of(drafter.model, draft_layout, cluster, tables=tables)
         self._decode: dict[tuple[int, int], DecodeCycle] = {}
+        self.memo: dict[str, dict] = {}  # what the serving models built on these times remember by name
         self._prefill: dict[tuple[int, int, int], float] = {}
 
     # --- exact -----------------------------------------------------------------------------------------
