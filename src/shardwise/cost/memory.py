@@ -358,14 +358,31 @@ def _per_stage(
     layout: Layout, capacity: float, stage_weights: list[float], kv: float, rt: float, act: float, graphs: float
 ) -> tuple[list[GpuMemory], tuple[int, ...]]:
     """One row per pipeline stage (numbered by its first GPU), and the stage of every GPU in GPU order."""
-    stage_of = {g: i % layout.pp for i, gpus in enumerate(groups(layout)["stage"]) for g in gpus}
-    gpu_stages = tuple(stage_of[g] for g in sorted(stage_of))
+    gpu_stages, firsts = _gpu_stages(layout)
     rows = [
-        GpuMemory(gpu=gpu_stages.index(stage), stage=stage, capacity_bytes=capacity, weights_bytes=stage_weights[stage],
+        GpuMemory(gpu=firsts[stage], stage=stage, capacity_bytes=capacity, weights_bytes=stage_weights[stage],
                   kv_bytes=kv, runtime_bytes=rt, activation_bytes=act, cuda_graph_bytes=graphs)
         for stage in range(layout.pp)
     ]  # fmt: skip
     return rows, gpu_stages
+
+
+_GPU_STAGES: dict[int, tuple[list[list[int]], tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+
+
+def _gpu_stages(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The stage of every GPU in GPU order, and each stage's first GPU: remembered beside the layout's stage groups
+    (which are remembered by the degrees they follow from, the pipeline's included)."""
+    stages = groups(layout)["stage"]
+    held = _GPU_STAGES.get(id(stages))
+    if held is None or held[0] is not stages:
+        stage_of = {g: i % layout.pp for i, gpus in enumerate(stages) for g in gpus}
+        gpu_stages = tuple(stage_of[g] for g in sorted(stage_of))
+        firsts = tuple(gpu_stages.index(s) for s in range(layout.pp))
+        if len(_GPU_STAGES) >= 4096:
+            _GPU_STAGES.clear()
+        held = _GPU_STAGES[id(stages)] = (stages, (gpu_stages, firsts))
+    return held[1]
 
 
 def _verdict(
