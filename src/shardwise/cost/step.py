@@ -111,11 +111,7 @@ class StepCost:
     @property
     def parts_s(self) -> dict[str, float]:
         """compute / memory / comm / launch / host seconds over all stages: they sum to time_s."""
-        out = dict.fromkeys(PARTS, 0.0)
-        for f in self.figures:
-            for key, value in zip(PARTS, f[3], strict=True):
-                out[key] += value
-        return out
+        return dict(zip(PARTS, map(sum, zip(*(f[3] for f in self.figures), strict=True)), strict=True))
 
     @property
     def bound(self) -> str:
