@@ -359,9 +359,11 @@ def _per_stage(
 ) -> tuple[list[GpuMemory], tuple[int, ...]]:
     """One row per pipeline stage (numbered by its first GPU), and the stage of every GPU in GPU order."""
     gpu_stages, firsts = _gpu_stages(layout)
+    # built from the ledger's own figures (every one a float): not validated again, row by row
     rows = [
-        GpuMemory(gpu=firsts[stage], stage=stage, capacity_bytes=capacity, weights_bytes=stage_weights[stage],
-                  kv_bytes=kv, runtime_bytes=rt, activation_bytes=act, cuda_graph_bytes=graphs)
+        GpuMemory.model_construct(gpu=firsts[stage], stage=stage, capacity_bytes=float(capacity),
+                                  weights_bytes=float(stage_weights[stage]), kv_bytes=float(kv),
+                                  runtime_bytes=float(rt), activation_bytes=float(act), cuda_graph_bytes=float(graphs))
         for stage in range(layout.pp)
     ]  # fmt: skip
     return rows, gpu_stages
