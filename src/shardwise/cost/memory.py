@@ -182,7 +182,7 @@ def _drafter(model: ModelSpec, layout: Layout) -> tuple[ModelSpec | None, tuple[
 def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float:
     """Cache bytes one token takes on one GPU of the stage holding `layers` (MLA latent on every
     attention-TP rank; GQA heads split, at least one per GPU; the draft's layers added for EAGLE/MTP)."""
-    caching = sum(model.layer_attention[i] != "linear" for i in layers)
+    caching = len(layers) - model.layer_attention[layers.start : layers.stop : layers.step].count("linear")
     per_layer = model.kv_bytes_per_token_per_layer()
     if model.attention.kind == "gqa":
         kv_heads = model.attention.num_kv_heads

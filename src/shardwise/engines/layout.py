@@ -11,6 +11,7 @@ GPUs form each group and how each component is split (which collective runs wher
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Literal
 
 from pydantic import Field, computed_field
@@ -247,13 +248,18 @@ def _groups(layout: Layout) -> dict[str, list[list[int]]]:
 def stage_layers(num_layers: int, pp: int, extra: str) -> list[range]:
     """Layer ranges of each pipeline stage: remainder layers on the last stages (SGLang get_pp_indices) or on
     the stages before the last (vLLM get_pp_indices, which keeps the last stage for lm_head)."""
+    return list(_stage_ranges(num_layers, pp, extra))
+
+
+@cache
+def _stage_ranges(num_layers: int, pp: int, extra: str) -> tuple[range, ...]:
     base, rest = divmod(num_layers, pp)
     counts = [base] * pp
     extra_stages = range(pp - rest, pp) if extra == "last" else range(pp - 1 - rest, pp - 1)
     for i in extra_stages:
         counts[i] += 1
     starts = [sum(counts[:i]) for i in range(pp)]
-    return [range(s, s + c) for s, c in zip(starts, counts, strict=True)]
+    return tuple(range(s, s + c) for s, c in zip(starts, counts, strict=True))
 
 
 def weight_ways(w: Weight, layout: Layout, model: ModelSpec) -> float:
