@@ -26,7 +26,8 @@ from shardwise.spec.model import ModelSpec
 PARTS = ("compute", "memory", "comm", "launch", "host")
 # options that change what an op costs; the others size memory or decide how the host issues the kernels
 COST_OPTIONS = ("two_batch_overlap", "overlap_from_tokens", "eplb", "kv_cache_dtype")
-REMEMBERED_OPS = 200_000  # distinct ops whose costs one cluster and engine release remember (a search: ~6,000)
+# distinct ops (and layers' pieces) whose costs one cluster and engine release remember (8x8 H100, both engines: 60,000)
+REMEMBERED_OPS = 200_000
 SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
 
 # id(model), id(cluster), … → (the objects the ids name, held so the ids cannot be reused, the remembered table)
@@ -242,9 +243,10 @@ class StepCostModel:
 
 
 class _Pricer:
-    """Prices the pieces of one layout's steps (`StepModel.pieces`), each once, from the op costs, collective times and
-    layer pieces every layout on the cluster shares. A step lists its pieces through it when asked: it holds no step,
-    so a step that holds it makes no reference cycle (a search lets go of thousands of cost models)."""
+    """Prices the pieces of the steps of the layouts that share one step model and cost table (`StepModel.pieces`), each
+    once, from the op costs, collective times and layer pieces every layout on the cluster shares. A step lists its
+    pieces through it when asked: it holds no step, so a step that holds it makes no reference cycle (a search lets go
+    of thousands of cost models and their tables)."""
 
     def __init__(self, step_model: StepModel, layout: Layout, tables: bool) -> None:
         self.step_model, self.tables, cluster = step_model, tables, step_model.cluster
