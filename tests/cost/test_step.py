@@ -188,7 +188,8 @@ def test_a_steps_stages_add_up_its_listed_ops(model, gpus, flags):
 def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
     """A layer's ops are priced by their keys, without building them: a key must hold everything its op is built
     from. Layouts that split attention alike run the same attention op (one key, one cost); an FP8 KV cache or
-    another split reads other bytes, so its key differs; and the cost found by a key is that of the op it names."""
+    another split reads other bytes, so its key differs (the FP8 cache's GEMMs and experts keep theirs); and the cost
+    found by a key is that of the op it names."""
     cluster, model = load_cluster("8xrtx-pro-6000"), load_model("kimi-k2.6")
 
     def priced(flags: str) -> StepCostModel:
@@ -206,6 +207,7 @@ def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
     assert tp8["attention"] == ep8["attention"] and tp8["attention"][1] is ep8["attention"][1]  # interned: one object
     assert tp8["experts"] != ep8["experts"]  # EP8 reads whole experts, TP8 an eighth of each
     assert op_for(fp8["attention"]).bytes == pytest.approx(op_for(tp8["attention"]).bytes / 2)  # FP8 against BF16
+    assert fp8["gemm"] == tp8["gemm"] and fp8["experts"] == tp8["experts"]  # the weights' ops: whatever the cache holds
     assert op_for(tp4["attention"]).flops == pytest.approx(2 * op_for(tp8["attention"]).flops)  # twice the heads
     pricer = priced("--tp 8")._pricer
     for key in tp8.values():

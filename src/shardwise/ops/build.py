@@ -221,11 +221,13 @@ def _interned(cls: type, model: ModelSpec, *fields: object) -> Any:
 
 
 def layer_inputs(model: ModelSpec, kind: tuple[str, str], matrices: list[_Matrix], experts: _Matrix | None,
-                 layout: Layout) -> LayerInputs:  # fmt: skip
-    """The interned inputs of one layer kind's ops under `layout` (`model` as its KV cache stores it)."""
-    gemms = tuple(_interned(GemmInputs, model, m) for m in matrices)
+                 layout: Layout, *, weights: ModelSpec | None = None) -> LayerInputs:  # fmt: skip
+    """The interned inputs of one layer kind's ops under `layout` (`model` as its KV cache stores it; `weights` the
+    model its GEMMs and experts are interned under, default `model`: what the KV cache stores changes neither)."""
+    weights = weights or model
+    gemms = tuple(_interned(GemmInputs, weights, m) for m in matrices)
     attention = _interned(AttentionInputs, model, kind[0], layout.attn_tp, layout.dcp)
-    routed = None if experts is None else _interned(ExpertInputs, model, experts, layout.moe_ep, layout.moe_tp,
+    routed = None if experts is None else _interned(ExpertInputs, weights, experts, layout.moe_ep, layout.moe_tp,
                                                     layout.options.eplb)  # fmt: skip
     gathered = layout.attn_dp > 1 and layout.moe_comm != "all2all"
     return _interned(LayerInputs, model, kind, gemms, attention, routed, gathered,
@@ -319,8 +321,10 @@ class StepModel:
         self._groups = groups(layout)
         self._stage_kinds = self._count_kinds()
         matrices, experts, head = _split_weights(model, layout)
-        self._head = _interned(HeadInputs, self.model, head, layout.lm_head_tp)
-        self._layers = {kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout)
+        # the weights' ops are the same whatever the KV cache stores: interned under the model as given, so the setups
+        # of a structure with another KV cache dtype share their GEMMs', experts' and head's costs
+        self._head = _interned(HeadInputs, model, head, layout.lm_head_tp)
+        self._layers = {kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout, weights=model)
                         for kind, mats in matrices.items()}  # fmt: skip
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
