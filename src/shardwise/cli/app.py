@@ -12,7 +12,6 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from shardwise.decide.search import no_cycle_collection
 from shardwise.engines.layout import Layout
 from shardwise.errors import ShardwiseError, SpecError
 from shardwise.hardware.calibration import load_calibration
@@ -183,11 +182,6 @@ def with_profile(cluster_spec: ClusterSpec, profile: Path | None) -> ClusterSpec
 
 def main() -> None:
     """Console entry point: every user error becomes one line on stderr; exit 2 for bad input."""
-    with no_cycle_collection():  # a command lasts seconds and makes no reference cycles worth walking for
-        _run()
-
-
-def _run() -> None:
     try:
         code = app(standalone_mode=False)  # returns the code of typer.Exit, None on success
     except ShardwiseError as exc:

@@ -112,7 +112,11 @@ class StepCost:
     @property
     def parts_s(self) -> dict[str, float]:
         """compute / memory / comm / launch / host seconds over all stages: they sum to time_s."""
-        return dict(zip(PARTS, map(sum, zip(*(f[3] for f in self.figures), strict=True)), strict=True))
+        totals = [0.0] * len(PARTS)  # added stage by stage, left to right (`sum` compensates from Python 3.12)
+        for f in self.figures:
+            for i, value in enumerate(f[3]):
+                totals[i] += value
+        return dict(zip(PARTS, totals, strict=True))
 
     @property
     def bound(self) -> str:

@@ -223,7 +223,7 @@ def winners_by_concurrency(candidates: tuple[Candidate, ...] | list[Candidate]) 
     for n, prediction in enumerate(candidates[0].predictions if candidates else ()):
         # setups shown alike differ by less than a unit of the fourth digit, under 0.1 % of the top: only those near it
         top = max(c.predictions[n].output_tok_s for c in candidates)
-        near = [c for c in candidates if c.predictions[n].output_tok_s >= top * (1 - 2e-3)]
+        near = [c for c in candidates if c.predictions[n].output_tok_s >= top * (1 - 2e-3)] or candidates
         best = max(near, key=lambda c: (_shown(c.predictions[n].output_tok_s), -len(c.options)))
         out.append(Winner(concurrency=prediction.concurrency, candidate=best, prediction=best.predictions[n]))
     return out
@@ -260,6 +260,6 @@ def pareto(candidates: tuple[Candidate, ...] | list[Candidate]) -> list[ParetoPo
     per_gpu = np.array([p.output_tok_s / c.gpus for c, p in points])
     order = np.lexsort((-per_gpu, -per_user))  # stable: equal points keep their order
     ranked = per_gpu[order]
-    before = np.maximum.accumulate(np.concatenate(([-1.0], ranked[:-1])))
+    before = np.fmax.accumulate(np.concatenate(([-1.0], ranked[:-1])))  # a NaN is on no frontier and bars none
     return [ParetoPoint(candidate=points[i][0], prediction=points[i][1], tok_s_per_gpu=float(per_gpu[i]),
                         per_user_tok_s=float(per_user[i])) for i in order[ranked > before]]  # fmt: skip
