@@ -211,6 +211,11 @@ class StepCostModel:
             )  # fmt: skip
         return step if step.requests == requests else replace(step, requests=requests)
 
+    def remembered(self, name: tuple) -> dict:
+        """A table kept with the costs of the layouts that share this one's ops, under `name`: what it holds must follow
+        from those ops, the cluster and the name alone."""
+        return self._costs.setdefault(("remembered", *name), {})
+
     def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> tuple[tuple[float, ...], ...]:
         """Each stage's sums (`_Piece.sums` times as often as each piece runs), in its pieces' order; stages with the
         same pieces (`StepModel.stage_classes`) are summed once."""

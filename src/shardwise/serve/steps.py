@@ -82,7 +82,11 @@ class StepTimes:
                 self.draft = StepCostModel.of(drafter.model, draft_layout, cluster, tables=tables)
         self._decode: dict[tuple[int, int], DecodeCycle] = {}
         self.memo: dict[str, dict] = {}  # what the serving models built on these times remember by name
-        self._prefill: dict[tuple[int, int, int], float] = {}
+        # a prefill step's time follows from the ops and how the host issues them, never graphed: shared by the
+        # layouts that share the ops and the scheduler (a search's CUDA-graph and memory-fraction twins)
+        self._prefill: dict[tuple[int, int, int], float] = self.target.remembered(
+            ("prefill", layout.options.overlap_schedule, prefill_scale)
+        )
 
     # --- exact -----------------------------------------------------------------------------------------
 
