@@ -231,11 +231,11 @@ def _runtime_bytes(layout: Layout, cluster: ClusterSpec) -> float:
 def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> MemoryLedger:
     """The memory of every GPU of `layout` on `cluster`, the KV pool the engine sizes, and the verdict."""
     opts = layout.options
-    model = with_kv_dtype(model, layout)
+    weights_of, model = model, with_kv_dtype(model, layout)  # the weights are the same whatever the KV cache stores
     capacity = cluster.gpu.memory_bytes
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
     drafter, draft_warning = _drafter(model, layout)
-    stage_components = _stage_weights(model, layout, drafter)
+    stage_components = _stage_weights(weights_of, layout, drafter)
     stage_weights = [sum(c.values()) for c in stage_components]
     rt = _runtime_bytes(layout, cluster)
     vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
