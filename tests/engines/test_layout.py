@@ -58,3 +58,28 @@ def test_describe():
     assert sglang(dense_tp=1).describe() == "TP8 dense-TP1"
     assert sglang(stage_gpus=1, pp=8).describe() == "PP8"
     assert sglang(stage_gpus=4, replicas=2).describe() == "2× TP4"
+
+
+def test_layouts_alike_in_their_weight_split_hold_every_tensor_alike():
+    """The weights a GPU holds are remembered by `weight_split` (ops/build.py, cost/memory.py): it must name every
+    degree `weight_ways` reads. Over the SGLang and vLLM layouts of Kimi K2.6 and DeepSeek-V3 on 64 GPUs, those equal in
+    it split every tensor alike, and the split takes more than one value (the check has layouts to tell apart)."""
+    from shardwise.engines.base import get_engine
+    from shardwise.engines.layout import weight_split, weight_ways
+    from shardwise.spec.cluster import load_cluster
+    from shardwise.spec.weights import model_weights
+
+    cluster = load_cluster("8x8xh100")
+    for name in ("kimi-k2.6", "deepseek-v3"):
+        model = load_model(name)
+        weights = model_weights(model)
+        first: dict[tuple[int, ...], list[float]] = {}
+        for engine in ("sglang", "vllm"):
+            eng = get_engine(engine)
+            for given in eng.candidates(model, cluster):
+                setup = eng.setup(dict(given), model=model, cluster=cluster, version=eng.version(None))
+                if setup.layout is None:
+                    continue
+                ways = [weight_ways(w, setup.layout, model) for w in weights]
+                assert first.setdefault(weight_split(setup.layout), ways) == ways
+        assert len(first) > 10

@@ -18,7 +18,15 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from shardwise.engines.layout import EngineOptions, Layout, groups, stage_layers, weight_ways, with_kv_dtype
+from shardwise.engines.layout import (
+    EngineOptions,
+    Layout,
+    groups,
+    stage_layers,
+    weight_split,
+    weight_ways,
+    with_kv_dtype,
+)
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import runtime
@@ -134,15 +142,15 @@ _STAGE_WEIGHTS: dict[tuple, tuple[ModelSpec, ModelSpec | None, tuple[dict[str, f
 
 
 def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None) -> tuple[dict[str, float], ...]:
-    """Bytes per component on one GPU of each stage (shared: read them, do not change them). Remembered by the
-    layout less its options, all they read but whether the MTP layers draft: a search sizes each structure with
-    CUDA graphs off, the memory fraction raised and so on."""
+    """Bytes per component on one GPU of each stage (shared: read them, do not change them). Remembered by all they
+    read: the pipeline, how each tensor is split (`weight_split`) and whether the MTP layers draft; a search sizes
+    each structure with CUDA graphs off, the memory fraction raised and so on, and many structures split alike."""
     spec = layout.options.spec
     mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers)
-    key = (id(model), id(drafter), mtp, layout.model_dump_json(exclude={"options"}))
+    key = (id(model), id(drafter), mtp, layout.pp, layout.pp_extra_layers, weight_split(layout))
     held = _STAGE_WEIGHTS.get(key)
     if held is None or held[0] is not model or held[1] is not drafter:
-        if len(_STAGE_WEIGHTS) >= 64:  # a search sizes one structure's variants together
+        if len(_STAGE_WEIGHTS) >= 256:
             _STAGE_WEIGHTS.pop(next(iter(_STAGE_WEIGHTS)))
         held = _STAGE_WEIGHTS[key] = (model, drafter, tuple(_weights_per_stage(model, layout, drafter, mtp)))
     return held[2]

@@ -262,6 +262,12 @@ def _stage_ranges(num_layers: int, pp: int, extra: str) -> tuple[range, ...]:
     return tuple(range(s, s + c) for s, c in zip(starts, counts, strict=True))
 
 
+def weight_split(layout: Layout) -> tuple[int, ...]:
+    """The degrees `weight_ways` reads: layouts equal in them hold each tensor alike on a GPU."""
+    return (layout.lm_head_tp, layout.moe_ep, layout.moe_tp, layout.redundant_experts, layout.shared_tp,
+            layout.dense_tp, layout.attn_tp, layout.vision_tp)  # fmt: skip
+
+
 def weight_ways(w: Weight, layout: Layout, model: ModelSpec) -> float:
     """Over how many GPUs of a stage one tensor is divided (1 = a full copy on each)."""
     if w.role in ("embedding", "lm_head"):

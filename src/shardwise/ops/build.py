@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from shardwise.engines.layout import Layout, groups, stage_layers, weight_ways, with_kv_dtype
+from shardwise.engines.layout import Layout, groups, stage_layers, weight_split, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MoEShape
 from shardwise.ops.collectives import comm_steps
@@ -262,12 +262,12 @@ _Split = tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matr
 
 
 def _split_weights(model: ModelSpec, layout: Layout) -> _Split:
-    """`_read_weights`, remembered for the layouts that split the weights alike (a search's KV-cache twins: the cache's
-    dtype changes no weight)."""
-    key = (id(model), layout.model_dump_json(exclude={"options"}))
+    """`_read_weights`, remembered for the layouts that split the weights alike (`weight_split`: it reads no other
+    degree; whatever their pipeline, data parallelism or KV cache)."""
+    key = (id(model), weight_split(layout))
     held = _SPLITS.get(key)
     if held is None or held[0] is not model:
-        if len(_SPLITS) >= 8:
+        if len(_SPLITS) >= 256:
             _SPLITS.popitem(last=False)
         held = _SPLITS[key] = (model, _read_weights(model, layout))
     return held[1]
