@@ -353,13 +353,18 @@ def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[str, dict[
 def no_cycle_collection() -> Iterator[None]:
     """Python's cycle collector paused inside: a search makes millions of small objects, all freed by their reference
     counts (it makes no reference cycles: a test checks), and the collector would walk the thousands of setups it
-    holds again and again (a quarter of a large search's time). Resumed on the way out, if it was running."""
+    holds again and again (a quarter of a large search's time). Resumed on the way out, if it was running, with what
+    was made inside counted as old (frozen and thawed into the oldest generation: walked young, all of it would be
+    walked at once on the next allocation; as old, with the next full collection)."""
     running = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if running:
+            if not gc.get_freeze_count():  # (a process that froze objects of its own keeps them frozen)
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
