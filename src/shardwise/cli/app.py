@@ -3,6 +3,7 @@ one line on stderr."""
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 from pathlib import Path
@@ -181,7 +182,16 @@ def with_profile(cluster_spec: ClusterSpec, profile: Path | None) -> ClusterSpec
 
 
 def main() -> None:
-    """Console entry point: every user error becomes one line on stderr; exit 2 for bad input."""
+    """Console entry point: every user error becomes one line on stderr; exit 2 for bad input. It ends the process
+    (`sys.exit`), and freezes the objects on its way out: the process lets go of them all at once, and the collector's
+    last walk over them at exit would find nothing to free (0.6 s after a search of 64 GPUs)."""
+    try:
+        _run()
+    finally:
+        gc.freeze()
+
+
+def _run() -> None:
     try:
         code = app(standalone_mode=False)  # returns the code of typer.Exit, None on success
     except ShardwiseError as exc:
