@@ -108,7 +108,7 @@ def _gemms(w: Weight, ways: float, fused: dict[tuple, int]) -> tuple[GemmShape, 
 
 
 _REPRESENTATIVE: dict[int, tuple[ModelSpec, tuple[Weight, ...]]] = {}
-_SPLITS: OrderedDict[tuple, tuple[ModelSpec, Any]] = OrderedDict()  # a few layouts' weights as one GPU holds them
+_SPLITS: OrderedDict[tuple, tuple[ModelSpec, Any]] = OrderedDict()  # weights as one GPU holds them, by weight split
 
 
 def _first_layers(model: ModelSpec) -> dict[tuple[str, str], int]:
