@@ -30,6 +30,7 @@ from shardwise.engines.layout import (
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import runtime
+from shardwise.memo import Memo
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.drafter import load_drafter
 from shardwise.spec.model import ModelSpec
@@ -113,17 +114,15 @@ class MemoryLedger(Frozen):
         return per_rank * self.ranks
 
 
-_PROFILES: dict[tuple[int, bool], tuple[ModelSpec, dict[tuple[str, str], tuple[Weight, list[float]]]]] = {}
+_PROFILES = Memo(16)  # per model, whether MTP layers draft: its weight profile
 
 
 def _weight_profile(model: ModelSpec, *, mtp: bool) -> dict[tuple[str, str], tuple[Weight, list[float]]]:
     """Bytes of each (component, role) by position: one slot per decoder layer, then one for what the first
     stage holds (embeddings, vision tower) and one for what the last holds (lm_head, final norm, MTP layers).
     Remembered per model: every layout splits the same tensors."""
-    held = _PROFILES.get((id(model), mtp))
-    if held is None or held[0] is not model:
-        if len(_PROFILES) >= 16:
-            _PROFILES.pop(next(iter(_PROFILES)))
+
+    def profiled() -> dict[tuple[str, str], tuple[Weight, list[float]]]:
         weights = model_weights(model) + (model_weights(model, mtp=True) if mtp else [])
         n = model.num_layers
         profile: dict[tuple[str, str], tuple[Weight, list[float]]] = {}
@@ -134,11 +133,12 @@ def _weight_profile(model: ModelSpec, *, mtp: bool) -> dict[tuple[str, str], tup
                 slot = w.layer
             entry = profile.setdefault((w.component, w.role), (w, [0.0] * (n + 2)))
             entry[1][slot] += w.bytes
-        held = _PROFILES[(id(model), mtp)] = (model, profile)
-    return held[1]
+        return profile
+
+    return _PROFILES.get((model,), mtp, profiled)
 
 
-_STAGE_WEIGHTS: dict[tuple, tuple[ModelSpec, ModelSpec | None, tuple[dict[str, float], ...]]] = {}
+_STAGE_WEIGHTS = Memo(256)  # per model, drafter and how a layout splits the weights: their bytes per stage
 
 
 def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None) -> tuple[dict[str, float], ...]:
@@ -147,13 +147,8 @@ def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None =
     each structure with CUDA graphs off, the memory fraction raised and so on, and many structures split alike."""
     spec = layout.options.spec
     mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers)
-    key = (id(model), id(drafter), mtp, layout.pp, layout.pp_extra_layers, weight_split(layout))
-    held = _STAGE_WEIGHTS.get(key)
-    if held is None or held[0] is not model or held[1] is not drafter:
-        if len(_STAGE_WEIGHTS) >= 256:
-            _STAGE_WEIGHTS.pop(next(iter(_STAGE_WEIGHTS)))
-        held = _STAGE_WEIGHTS[key] = (model, drafter, tuple(_weights_per_stage(model, layout, drafter, mtp)))
-    return held[2]
+    key = (mtp, layout.pp, layout.pp_extra_layers, weight_split(layout))
+    return _STAGE_WEIGHTS.get((model, drafter), key, lambda: tuple(_weights_per_stage(model, layout, drafter, mtp)))
 
 
 def _weights_per_stage(
@@ -377,22 +372,20 @@ def _per_stage(
     return rows, gpu_stages
 
 
-_GPU_STAGES: dict[int, tuple[list[list[int]], tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+_GPU_STAGES = Memo(4096)  # per stage groups, each GPU's stage and each stage's first GPU
 
 
 def _gpu_stages(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The stage of every GPU in GPU order, and each stage's first GPU: remembered beside the layout's stage groups
     (which are remembered by the degrees they follow from, the pipeline's included)."""
     stages = groups(layout)["stage"]
-    held = _GPU_STAGES.get(id(stages))
-    if held is None or held[0] is not stages:
+
+    def placed() -> tuple[tuple[int, ...], tuple[int, ...]]:
         stage_of = {g: i % layout.pp for i, gpus in enumerate(stages) for g in gpus}
         gpu_stages = tuple(stage_of[g] for g in sorted(stage_of))
-        firsts = tuple(gpu_stages.index(s) for s in range(layout.pp))
-        if len(_GPU_STAGES) >= 4096:
-            _GPU_STAGES.clear()
-        held = _GPU_STAGES[id(stages)] = (stages, (gpu_stages, firsts))
-    return held[1]
+        return gpu_stages, tuple(gpu_stages.index(s) for s in range(layout.pp))
+
+    return _GPU_STAGES.get((stages,), None, placed)
 
 
 def _verdict(

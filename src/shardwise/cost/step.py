@@ -9,7 +9,7 @@ that does not overlap (pipeline parallelism, --disable-overlap-schedule) adds it
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
@@ -18,6 +18,7 @@ from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
+from shardwise.memo import Memo
 from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for
 from shardwise.ops.types import Phase
 from shardwise.spec.cluster import ClusterSpec
@@ -30,27 +31,19 @@ COST_OPTIONS = ("two_batch_overlap", "overlap_from_tokens", "eplb", "kv_cache_dt
 REMEMBERED_OPS = 200_000
 SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
 
-# id(model), id(cluster), … → (the objects the ids name, held so the ids cannot be reused, the remembered table)
-_HELD: OrderedDict[tuple, tuple[tuple[object, ...], dict]] = OrderedDict()
+_TABLES = Memo(SHARED_LAYOUTS)  # tables remembered across cost models, by what they follow from
 
 
 def _remembered(key: tuple, *objects: object) -> dict:
-    """A table remembered across cost models under `key`, whose ids name `objects` (least recently used first
-    out, SHARED_LAYOUTS at most)."""
-    entry = _HELD.get(key)
-    if entry is None or any(a is not b for a, b in zip(entry[0], objects, strict=True)):
-        if len(_HELD) >= SHARED_LAYOUTS:
-            _HELD.popitem(last=False)
-        entry = _HELD[key] = (objects, {})
-    else:
-        _HELD.move_to_end(key)
-    return entry[1]
+    """A table remembered across cost models under `key` and the objects it follows from (least recently used
+    first out, SHARED_LAYOUTS at most)."""
+    return _TABLES.get(objects, key, dict)
 
 
 def _shared_comm(cluster: ClusterSpec) -> dict[tuple, float]:
     """Collective times on one cluster, by (collective, size, how its group spans the cluster, implementation): every
     layout of a search asks for the same few."""
-    return _remembered(("comm", id(cluster)), cluster)
+    return _remembered(("comm",), cluster)
 
 
 def _shared_costs(model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables: bool) -> dict:
@@ -58,7 +51,7 @@ def _shared_costs(model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables
     same structure with the memory fraction raised, CUDA graphs off, other slot counts: the ops cost the same)."""
     cost_options = layout.options.model_dump(include=set(COST_OPTIONS))
     shape = layout.model_dump_json(exclude={"options"})
-    return _remembered(("ops", id(model), id(cluster), tables, shape, tuple(sorted(cost_options.items()))),
+    return _remembered(("ops", tables, shape, tuple(sorted(cost_options.items()))),
                        model, cluster)  # fmt: skip
 
 
@@ -261,12 +254,12 @@ class _Pricer:
         self.step_model, self.tables, cluster = step_model, tables, step_model.cluster
         self.cluster, self.rates = cluster, rates(cluster)
         self._comm_times = _shared_comm(cluster)
-        self._comm_pieces = _remembered(("comm pieces", id(cluster)), cluster)
+        self._comm_pieces = _remembered(("comm pieces",), cluster)
         self._measured = MeasuredKernels(cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._pieces: dict[tuple, _Piece] = {}  # the embedding's and the head's, by their keys
         self._listed: dict[tuple, tuple[tuple[int, int, _Piece], ...]] = {}  # each step's pieces, when asked
         # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
-        self._op_costs = _remembered(("op costs", id(cluster), layout.engine, layout.version, tables), cluster)
+        self._op_costs = _remembered(("op costs", layout.engine, layout.version, tables), cluster)
 
     def listed(self, key: tuple, requests: int) -> tuple[tuple[int, int, _Piece], ...]:
         """Every piece of the step `key` names (see `step`), each priced once: shared by the layouts that share them."""

@@ -21,6 +21,7 @@ from pydantic import Field
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
+from shardwise.memo import Memo
 
 
 def human_readable_int(value: str) -> int:
@@ -132,21 +133,19 @@ class FlagTable(Frozen):
     def support(self, architecture: str, wrapper: str | None = None) -> ModelSupport:
         """What the engine's implementation of this model supports: the language model's entry, overridden
         field by field by its multimodal wrapper's (merged once per table and model: every setup asks)."""
-        key = (id(self), architecture, wrapper)
-        held = _SUPPORT.get(key)
-        if held is None or held[0] is not self:
-            merged: dict[str, Any] = {}
+
+        def merged() -> ModelSupport:
+            fields: dict[str, Any] = {}
             for name in (architecture, wrapper):
                 entry = self.models.get(name or "")
                 if entry is not None:
-                    merged.update(entry.model_dump(exclude_none=True))
-            if len(_SUPPORT) >= 64:
-                _SUPPORT.clear()
-            held = _SUPPORT[key] = (self, ModelSupport(**merged))
-        return held[1]
+                    fields.update(entry.model_dump(exclude_none=True))
+            return ModelSupport(**fields)
+
+        return _SUPPORT.get((self,), (architecture, wrapper), merged)
 
 
-_SUPPORT: dict[tuple[int, str, str | None], tuple[FlagTable, ModelSupport]] = {}  # the table held beside its id
+_SUPPORT = Memo(64)  # per flag table, architecture and wrapper: what the engine supports
 
 
 @cache

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field, computed_field
 
 from shardwise.frozen import Frozen
+from shardwise.memo import Memo
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import Weight
 
@@ -210,7 +211,7 @@ def _gpu(layout: Layout, *, replica: int, stage: int, local: int) -> int:
     return base + stage * layout.stage_gpus + local
 
 
-_GROUPS: dict[tuple, dict[str, list[list[int]]]] = {}
+_GROUPS = Memo(4096)  # per the degrees they follow from, the GPU ids of every group
 
 
 def groups(layout: Layout) -> dict[str, list[list[int]]]:
@@ -218,12 +219,7 @@ def groups(layout: Layout) -> dict[str, list[list[int]]]:
     by the degrees they follow from, and shared: read them, do not change them."""
     key = (layout.replicas, layout.pp, layout.stage_gpus, layout.attn_dp, layout.attn_tp, layout.attn_cp,
            layout.moe_dp, layout.moe_ep, layout.dp_outside_pp)  # fmt: skip
-    held = _GROUPS.get(key)
-    if held is None:
-        if len(_GROUPS) >= 4096:
-            _GROUPS.clear()
-        held = _GROUPS[key] = _groups(layout)
-    return held
+    return _GROUPS.get((), key, lambda: _groups(layout))
 
 
 def _groups(layout: Layout) -> dict[str, list[list[int]]]:
@@ -367,7 +363,7 @@ def splits(layout: Layout, model: ModelSpec) -> list[Split]:
     return parts
 
 
-_KV_MODELS: dict[tuple[int, str], tuple[ModelSpec, ModelSpec]] = {}
+_KV_MODELS = Memo(16)  # per model and KV cache dtype, the model as that cache stores it
 
 
 def with_kv_dtype(model: ModelSpec, layout: Layout) -> ModelSpec:
@@ -375,9 +371,4 @@ def with_kv_dtype(model: ModelSpec, layout: Layout) -> ModelSpec:
     dtype = layout.options.kv_cache_dtype
     if not dtype:
         return model
-    held = _KV_MODELS.get((id(model), dtype))
-    if held is None or held[0] is not model:
-        if len(_KV_MODELS) >= 16:
-            _KV_MODELS.pop(next(iter(_KV_MODELS)))
-        held = _KV_MODELS[(id(model), dtype)] = (model, model.with_overrides(kv_dtype=dtype))
-    return held[1]
+    return _KV_MODELS.get((model,), dtype, lambda: model.with_overrides(kv_dtype=dtype))

@@ -10,14 +10,15 @@ activation; attention as split-KV plus merge; a fused MoE as align, two grouped 
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from shardwise.engines.layout import Layout, groups, stage_layers, weight_split, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MoEShape
+from shardwise.memo import Memo
 from shardwise.ops.collectives import comm_steps
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
@@ -107,8 +108,8 @@ def _gemms(w: Weight, ways: float, fused: dict[tuple, int]) -> tuple[GemmShape, 
     return (GemmShape(weight_format=fmt, n=width, k=k, share=n / width),)
 
 
-_REPRESENTATIVE: dict[int, tuple[ModelSpec, tuple[Weight, ...]]] = {}
-_SPLITS: OrderedDict[tuple, tuple[ModelSpec, Any]] = OrderedDict()  # weights as one GPU holds them, by weight split
+_REPRESENTATIVE = Memo(16)  # per model, the tensors a step model reads
+_SPLITS = Memo(256)  # per model and weight split, the weights as one GPU holds them
 
 
 def _first_layers(model: ModelSpec) -> dict[tuple[str, str], int]:
@@ -122,14 +123,12 @@ def _first_layers(model: ModelSpec) -> dict[tuple[str, str], int]:
 def _representative_weights(model: ModelSpec) -> tuple[Weight, ...]:
     """The tensors a step model reads: those of the first layer of each kind, and lm_head / embeddings.
     Remembered per model (every layout reads the same ones)."""
-    held = _REPRESENTATIVE.get(id(model))
-    if held is None or held[0] is not model:
-        if len(_REPRESENTATIVE) >= 16:
-            _REPRESENTATIVE.pop(next(iter(_REPRESENTATIVE)))
+
+    def read() -> tuple[Weight, ...]:
         layers = set(_first_layers(model).values())
-        keep = tuple(w for w in model_weights(model) if w.layer in layers or w.role in ("lm_head", "embedding"))
-        held = _REPRESENTATIVE[id(model)] = (model, keep)
-    return held[1]
+        return tuple(w for w in model_weights(model) if w.layer in layers or w.role in ("lm_head", "embedding"))
+
+    return _REPRESENTATIVE.get((model,), None, read)
 
 
 def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
@@ -198,26 +197,13 @@ class LayerInputs:
     dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
 
 
-MAX_INTERNED = 16_384  # distinct op inputs, templates or spans remembered (a search of 64 GPUs: a few thousand)
-_INTERNED: dict[tuple, tuple[object, Any]] = {}
-
-
-def _held(owner: object, key: tuple, make: Callable[[], Any]) -> Any:
-    """What `make` gives for `key` under `owner` (a model or a cluster), made once: remembered by the owner's id, held
-    beside it so that the id cannot name another while it is remembered."""
-    full = (id(owner), *key)
-    held = _INTERNED.get(full)
-    if held is None or held[0] is not owner:
-        if len(_INTERNED) >= MAX_INTERNED:
-            _INTERNED.clear()
-        held = _INTERNED[full] = (owner, make())
-    return held[1]
+_INTERNED = Memo(16_384)  # op inputs, templates and spans, under their model or cluster (64 GPUs: a few thousand)
 
 
 def _interned(cls: type, model: ModelSpec, *fields: object) -> Any:
     """The one object of `cls` with these fields: op inputs are interned, so an op key that holds them hashes and
     compares by identity, and layouts that run the same op share its key (and so its cost)."""
-    return _held(model, (cls, *fields), lambda: cls(model, *fields))
+    return _INTERNED.get((model,), (cls, *fields), lambda: cls(model, *fields))
 
 
 def layer_inputs(model: ModelSpec, kind: tuple[str, str], matrices: list[_Matrix], experts: _Matrix | None,
@@ -248,13 +234,13 @@ class CommTemplate:
 
 def _span(cluster: ClusterSpec, group: tuple[int, ...]) -> Span:
     """`cluster.span(group)`, remembered: the layouts of a search ask for the same groups."""
-    return _held(cluster, ("span", group), lambda: cluster.span(group))
+    return _INTERNED.get((cluster,), ("span", group), lambda: cluster.span(group))
 
 
 def _comm_template(cluster: ClusterSpec, entries: list[tuple]) -> CommTemplate:
     """The one template of these collectives, interned by all but their groups' GPU ids."""
     key = ("template", *(e[:4] + e[5:] for e in entries))
-    return _held(cluster, key, lambda: CommTemplate(cluster, tuple(entries)))
+    return _INTERNED.get((cluster,), key, lambda: CommTemplate(cluster, tuple(entries)))
 
 
 # per layer kind its GEMM matrices, per layer kind its routed experts, and lm_head: as one GPU holds them
@@ -264,13 +250,7 @@ _Split = tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matr
 def _split_weights(model: ModelSpec, layout: Layout) -> _Split:
     """`_read_weights`, remembered for the layouts that split the weights alike (`weight_split`: it reads no other
     degree; whatever their pipeline, data parallelism or KV cache)."""
-    key = (id(model), weight_split(layout))
-    held = _SPLITS.get(key)
-    if held is None or held[0] is not model:
-        if len(_SPLITS) >= 256:
-            _SPLITS.popitem(last=False)
-        held = _SPLITS[key] = (model, _read_weights(model, layout))
-    return held[1]
+    return _SPLITS.get((model,), weight_split(layout), lambda: _read_weights(model, layout))
 
 
 def _read_weights(model: ModelSpec, layout: Layout) -> _Split:

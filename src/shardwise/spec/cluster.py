@@ -83,9 +83,7 @@ class ClusterSpec(Frozen):
     def span(self, gpus: Sequence[int]) -> Span:
         """How a group of GPUs lies on the cluster: how many, whether they span nodes, whether they span a node's
         CPU sockets. All the link model reads of a group (cost/comm.py): groups with one span cost the same."""
-        per_node = self.gpus_per_node
-        per_numa = max(1, per_node // self.intra.numa_nodes)  # as node_of and numa_of count
-        nodes, sockets = {g // per_node for g in gpus}, {(g % per_node) // per_numa for g in gpus}
+        nodes, sockets = {self.node_of(g) for g in gpus}, {self.numa_of(g) for g in gpus}
         return Span(len(gpus), len(nodes) > 1, len(sockets) > 1)
 
 
