@@ -230,3 +230,24 @@ def test_setups_differing_only_in_memory_share_their_predictions_where_they_run_
     for c, m, figures in ((low, memories[0], a), (high, memories[1], b)):
         alone = Predictor(c.model, c.setup.layout, cluster, m).sweep(levels, isl=1024, osl=1024)
         assert [replace(p, decode=None) for p in alone] == list(figures)
+
+
+def test_cuda_graph_twins_share_a_cycle_only_where_neither_graphs_the_step():
+    """A search prices each layout with CUDA graphs on and off: the ops cost the same, so where the step is not
+    graphed (beyond --cuda-graph-max-bs) the two cycles are one, and below it the graphed one is faster; each is
+    the cycle its step gives (`decode`), as it would be priced alone."""
+    cluster = load_cluster("8xrtx-pro-6000")
+    on = check_command(KIMI_EP8.replace(" --disable-cuda-graph", ""), cluster=cluster)
+    off = check_command(KIMI_EP8, cluster=cluster)
+    graph_max = on.setup.layout.options.cuda_graph_max_bs
+    assert graph_max and off.setup.layout.options.cuda_graph is False
+    graphed, eager = (StepTimes(on.model, c.setup.layout, cluster) for c in (on, off))  # one model, as a search
+    beyond = 2 * graph_max
+    assert graphed.cycle(beyond, 1536) is eager.cycle(beyond, 1536)
+    assert graphed.cycle(1, 1536)[0] < eager.cycle(1, 1536)[0]
+    for steps, c in ((graphed, on), (eager, off)):
+        alone = StepTimes(c.model, c.setup.layout, cluster, prefill_scale=0.5)  # a table of its own
+        for running in (1, beyond):
+            cycle_s, parts = steps.cycle(running, 1536)
+            decode = alone.decode(running, 1536)
+            assert (cycle_s, parts) == (decode.cycle_s, decode.parts_s) == (decode.step.time_s, decode.step.parts_s)

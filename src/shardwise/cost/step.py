@@ -72,7 +72,7 @@ class StepCost:
     requests: int
     new_tokens: int
     context_tokens: int
-    figures: tuple[tuple[float, float, float, tuple[float, ...]], ...]  # per stage: GPU, host, time, PARTS
+    figures: Figures  # per stage: GPU, host, time, PARTS
     listing: Callable[[], tuple[tuple[int, int, _Piece], ...]] = field(repr=False, compare=False)
     release: str = ""  # the engine release modelled
 
@@ -91,7 +91,7 @@ class StepCost:
 
     @property
     def longest_stage_s(self) -> float:
-        return max(f[2] for f in self.figures)
+        return longest_stage_s(self.figures)
 
     @cached_property
     def ops(self) -> tuple[OpCost, ...]:
@@ -100,16 +100,12 @@ class StepCost:
 
     @property
     def time_s(self) -> float:
-        return sum(f[2] for f in self.figures)
+        return time_s(self.figures)
 
     @property
     def parts_s(self) -> dict[str, float]:
         """compute / memory / comm / launch / host seconds over all stages: they sum to time_s."""
-        totals = [0.0] * len(PARTS)  # added stage by stage, left to right (`sum` compensates from Python 3.12)
-        for f in self.figures:
-            for i, value in enumerate(f[3]):
-                totals[i] += value
-        return dict(zip(PARTS, totals, strict=True))
+        return parts_s(self.figures)
 
     @property
     def bound(self) -> str:
@@ -138,6 +134,27 @@ class StepCost:
             if not op.hidden:
                 out[op.op_class.value] += op.time_s
         return dict(out)
+
+
+Figures = tuple[tuple[float, float, float, tuple[float, ...]], ...]  # per stage: GPU, host, time, PARTS
+
+
+def time_s(figures: Figures) -> float:
+    """A step's time from its stages' figures (`StepCost.figures`): through every stage."""
+    return sum(f[2] for f in figures)
+
+
+def longest_stage_s(figures: Figures) -> float:
+    return max(f[2] for f in figures)
+
+
+def parts_s(figures: Figures) -> dict[str, float]:
+    """compute / memory / comm / launch / host seconds over all stages: they sum to `time_s`."""
+    totals = [0.0] * len(PARTS)  # added stage by stage, left to right (`sum` compensates from Python 3.12)
+    for f in figures:
+        for i, value in enumerate(f[3]):
+            totals[i] += value
+    return dict(zip(PARTS, totals, strict=True))
 
 
 class StepCostModel:
@@ -182,27 +199,47 @@ class StepCostModel:
         return cls(step_model, tables=tables, layout=layout, costs=shared)
 
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
+        key, whole, figures = self._figures(phase, requests, new_tokens, context_tokens)
+        step = self._costs.get(("step", whole))
+        if step is None:
+            step = self._costs[("step", whole)] = StepCost(
+                phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens,
+                figures=figures, listing=partial(self._pricer.listed, key, requests), release=self.layout.version,
+            )  # fmt: skip
+        return step if step.requests == requests else replace(step, requests=requests)
+
+    def figures(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> Figures:
+        """`step(...).figures` without the step (what a search reads of tens of thousands of steps)."""
+        return self._figures(phase, requests, new_tokens, context_tokens)[2]
+
+    def named_figures(self, *, phase: Phase, requests: int, new_tokens: int = 1,
+                      context_tokens: int = 0) -> tuple[tuple, Figures]:  # fmt: skip
+        """`figures`, and a key that names them among the layouts that share this one's ops (`remembered`): equal keys,
+        equal figures."""
+        _, whole, figures = self._figures(phase, requests, new_tokens, context_tokens)
+        return whole, figures
+
+    def _figures(self, phase: Phase, requests: int, new_tokens: int, context: int) -> tuple[tuple, tuple, Figures]:
+        """(the key of the step's ops, the key of its figures, its figures): remembered for the layouts that share
+        the ops, by what the host side follows from besides the cluster."""
         layout = self.layout
         # a step follows from the busiest attention-DP rank's requests (StepModel.pieces; the host's work likewise)
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
-        key = (phase.value, rank_batch, new_tokens, context_tokens)
-        sums = self._costs.get(key)
-        if sums is None:  # each piece priced once and counted as often as it runs: a step is linear in them
-            sums = self._costs[key] = self._stage_sums(phase, requests, new_tokens, context_tokens)
+        key = (phase.value, rank_batch, new_tokens, context)
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
-        per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
         whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
-        step = self._costs.get(whole)
-        if step is None:
+        figures = self._costs.get(whole)
+        if figures is None:
+            sums = self._costs.get(key)
+            if sums is None:  # each piece priced once and counted as often as it runs: a step is linear in them
+                sums = self._costs[key] = self._stage_sums(phase, requests, new_tokens, context)
+            per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
             alike: dict[int, tuple] = {}  # stages with the same pieces have the same figures (but the first)
-            figures = tuple(self._stage(sums[0], graphed, per_request) if s == 0 else
-                            alike.get(c) or alike.setdefault(c, self._stage(sums[c], graphed))
-                            for s, c in enumerate(self.step_model.stage_classes(phase)))  # fmt: skip
-            step = self._costs[whole] = StepCost(
-                phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens,
-                figures=figures, listing=partial(self._pricer.listed, key, requests), release=layout.version,
-            )  # fmt: skip
-        return step if step.requests == requests else replace(step, requests=requests)
+            figures = self._costs[whole] = tuple(
+                self._stage(sums[0], graphed, per_request) if s == 0 else
+                alike.get(c) or alike.setdefault(c, self._stage(sums[c], graphed))
+                for s, c in enumerate(self.step_model.stage_classes(phase)))  # fmt: skip
+        return key, whole, figures
 
     def remembered(self, name: tuple) -> dict:
         """A table kept with the costs of the layouts that share this one's ops, under `name`: what it holds must follow

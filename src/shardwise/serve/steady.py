@@ -115,9 +115,11 @@ class Predictor:
     def _predict(self, concurrency: int, cap: int, isl: int, osl: int, *, decode_only: bool,
                  with_step: bool) -> Prediction:  # fmt: skip
         running = min(concurrency, cap)
-        decode = self.steps.decode(running, isl + osl // 2)
-        cycle = decode.cycle_s / decode.tokens  # per output token
-        parts = {k: v / decode.tokens for k, v in decode.parts_s.items()}
+        cycle_s, parts = self.steps.cycle(running, isl + osl // 2)
+        tokens = self.steps.tokens
+        cycle = cycle_s / tokens  # per output token
+        if tokens != 1.0:
+            parts = {k: v / tokens for k, v in parts.items()}
         per_request, alone, batch = (0.0, cycle, 0.0) if decode_only else self._prefill(isl, running)
         # a request's first token comes from its prefill, the other osl − 1 from decode cycles; in that time
         # every running request is replaced once, so `running` prefills fall between the cycles. Decode-only:
@@ -141,9 +143,9 @@ class Predictor:
         return Prediction(
             concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
             tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if concurrency > cap else bound,
-            decode=decode.step if with_step else None,
+            decode=self.steps.decode(running, isl + osl // 2).step if with_step else None,
             cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=breakdown,
-            tokens_per_step=decode.tokens,
+            tokens_per_step=tokens,
         )  # fmt: skip
 
     def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:

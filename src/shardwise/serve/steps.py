@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from shardwise.cost.step import StepCost, StepCostModel
+from shardwise.cost.step import Figures, StepCost, StepCostModel, longest_stage_s, parts_s, time_s
 from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
 from shardwise.ops.types import Phase
@@ -81,7 +81,12 @@ class StepTimes:
                 draft_layout = layout.model_copy(update={"pp": 1, "options": options})
                 self.draft = StepCostModel.of(drafter.model, draft_layout, cluster, tables=tables)
         self._decode: dict[tuple[int, int], DecodeCycle] = {}
-        self.memo: dict[str, dict] = {}  # what the serving models built on these times remember by name
+        self._cycles: dict[tuple[int, int], tuple[float, dict[str, float]]] = {}
+        self._shared_cycles: dict[tuple, tuple[float, dict[str, float]]] = self.target.remembered(("cycles",))
+        self._verify = self.plan.verify_tokens if self.plan else 1  # tokens each request runs per decode step
+        # what the serving models built on these times remember of their prefills, by name: shared, as the prefill
+        # times are, by the layouts whose prefill steps are the same (a search's CUDA-graph and memory-fraction twins)
+        self.memo: dict[str, dict] = self.target.remembered(("serving", layout.options.overlap_schedule, prefill_scale))
         # a prefill step's time follows from the ops and how the host issues them, never graphed: shared by the
         # layouts that share the ops and the scheduler (a search's CUDA-graph and memory-fraction twins)
         self._prefill: dict[tuple[int, int, int], float] = self.target.remembered(
@@ -92,41 +97,66 @@ class StepTimes:
 
     def decode(self, running: int, context: int) -> DecodeCycle:
         key = (running, context)
-        if key not in self._decode:
-            self._decode[key] = self._cycle(running, context)
-        return self._decode[key]
+        made = self._decode.get(key)
+        if made is None:
+            cycle_s, parts = self.cycle(running, context)
+            step = self.target.step(phase=Phase.DECODE, requests=self._micro_requests(running),
+                                    new_tokens=self._verify, context_tokens=context)  # fmt: skip
+            made = self._decode[key] = DecodeCycle(running=running, context_tokens=context, cycle_s=cycle_s,
+                                                   tokens=self.tokens, step=step, parts_s=dict(parts))  # fmt: skip
+        return made
+
+    def cycle(self, running: int, context: int) -> tuple[float, dict[str, float]]:
+        """`decode`'s cycle time and its parts, without the step (what a search and the simulation read; the parts
+        are shared: copy them to change them)."""
+        key = (running, context)
+        made = self._cycles.get(key)
+        if made is None:
+            made = self._cycles[key] = self._cycle(running, context)
+        return made
 
     def prefill(self, requests: int, new_tokens: int, context: int) -> float:
         key = (requests, new_tokens, context)
         if key not in self._prefill:
-            step = self.target.step(
+            figures = self.target.figures(
                 phase=Phase.PREFILL, requests=requests, new_tokens=new_tokens, context_tokens=context
             )
-            self._prefill[key] = step.time_s * self.prefill_scale
+            self._prefill[key] = time_s(figures) * self.prefill_scale
         return self._prefill[key]
 
-    def _cycle(self, running: int, context: int) -> DecodeCycle:
-        pp = self.layout.pp
-        micro = min(pp, running)
-        verify = self.plan.verify_tokens if self.plan else 1
-        step = self.target.step(
-            phase=Phase.DECODE, requests=math.ceil(running / micro), new_tokens=verify, context_tokens=context
-        )
-        through = step.time_s
-        cycle = max(through, micro * step.longest_stage_s)
-        parts = dict(step.parts_s)
-        if pp > 1:  # per-GPU view: the parts of one trip, the rest of the cycle waiting on the pipeline
+    def _micro_requests(self, running: int) -> int:
+        """The requests of one pipeline micro-batch when `running` run at once."""
+        return math.ceil(running / min(self.layout.pp, running))
+
+    def _cycle(self, running: int, context: int) -> tuple[float, dict[str, float]]:
+        micro = min(self.layout.pp, running)
+        name, figures = self.target.named_figures(phase=Phase.DECODE, requests=self._micro_requests(running),
+                                                  new_tokens=self._verify, context_tokens=context)  # fmt: skip
+        # the target's part follows from its step's figures and the micro-batches alone: shared by the layouts that
+        # share the figures (a search's CUDA-graph twins, where neither graphs the step)
+        made = self._shared_cycles.get((name, micro))
+        if made is None:
+            made = self._shared_cycles[(name, micro)] = self._through(figures, micro)
+        if self.draft is None or self.plan is None:
+            return made
+        cycle, parts = made[0], dict(made[1])
+        parts["draft"] = sum(
+            p.count * time_s(self.draft.figures(
+                phase=Phase.DECODE, requests=running, new_tokens=p.tokens_per_request, context_tokens=context
+            ))
+            for p in self.plan.passes
+        )  # fmt: skip
+        return cycle + parts["draft"], parts
+
+    def _through(self, figures: Figures, micro: int) -> tuple[float, dict[str, float]]:
+        """The cycle of `micro` micro-batches whose step has these figures: the longer of one micro-batch's trip
+        through every stage and the busiest stage's time for all of them; and its parts."""
+        through = time_s(figures)
+        cycle = max(through, micro * longest_stage_s(figures))
+        parts = parts_s(figures)
+        if self.layout.pp > 1:  # per-GPU view: the parts of one trip, the rest of the cycle waiting on the pipeline
             parts["pipeline"] = max(0.0, cycle - through)
-        if self.draft is not None and self.plan is not None:
-            parts["draft"] = sum(
-                p.count * self.draft.step(
-                    phase=Phase.DECODE, requests=running, new_tokens=p.tokens_per_request, context_tokens=context
-                ).time_s
-                for p in self.plan.passes
-            )  # fmt: skip
-            cycle += parts["draft"]
-        return DecodeCycle(running=running, context_tokens=context, cycle_s=cycle, tokens=self.tokens, step=step,
-                           parts_s=parts)  # fmt: skip
+        return cycle, parts
 
     # --- interpolated (for the simulation) ---------------------------------------------------------------
 
@@ -137,8 +167,8 @@ class StepTimes:
         fc = (context - c0) / CONTEXT_GRID
 
         def at(b: int) -> float:
-            a = self.decode(b, c0).cycle_s
-            return a + (self.decode(b, c0 + CONTEXT_GRID).cycle_s - a) * fc if fc else a
+            a = self.cycle(b, c0)[0]
+            return a + (self.cycle(b, c0 + CONTEXT_GRID)[0] - a) * fc if fc else a
 
         if hi == lo:
             return at(lo)
