@@ -19,7 +19,7 @@ from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cos
 from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
 from shardwise.memo import Memo
-from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for
+from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for, piece_op_keys
 from shardwise.ops.types import Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -293,7 +293,6 @@ class _Pricer:
         self._comm_times = _shared_comm(cluster)
         self._comm_pieces = _remembered(("comm pieces",), cluster)
         self._measured = MeasuredKernels(cluster.gpu.name, layout.engine, layout.version, enabled=tables)
-        self._pieces: dict[tuple, _Piece] = {}  # the embedding's and the head's, by their keys
         self._listed: dict[tuple, tuple[tuple[int, int, _Piece], ...]] = {}  # each step's pieces, when asked
         # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
         self._op_costs = _remembered(("op costs", layout.engine, layout.version, tables), cluster)
@@ -316,14 +315,11 @@ class _Pricer:
                     self._comm_pieces.clear()
                 piece = self._comm_pieces[key] = self._comms(key)
             return piece
-        if key[0] == "layer":  # its key holds the layer's inputs: shared by every layout that runs it alike
-            piece = self._op_costs.get(key)
-            if piece is None:
-                piece = self._op_costs[key] = self._layer(key)
-            return piece
-        piece = self._pieces.get(key)
+        # a layer's, the embedding's or the head's: its key holds all its ops follow from (a layer's its inputs), so
+        # it is shared by every layout that runs it alike (beside the op costs: no op key is a piece key)
+        piece = self._op_costs.get(key)
         if piece is None:
-            piece = self._pieces[key] = _Piece(self._op_costs_of(key))
+            piece = self._op_costs[key] = self._layer(key) if key[0] == "layer" else _Piece(self._op_costs_of(key))
         return piece
 
     def _layer(self, key: tuple) -> _Piece:
@@ -342,7 +338,7 @@ class _Pricer:
     def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:
         """The costs of a piece's ops, each run once (a layer's, the embedding's and the head's by their ops' keys: no
         op is built twice)."""
-        return tuple(self._keyed_cost(k) for k in self.step_model.piece_op_keys(key))
+        return tuple(self._keyed_cost(k) for k in piece_op_keys(key))
 
     def _keyed_cost(self, key: tuple) -> OpCost:
         """The cost of the op `key` names (`op_for`): remembered by its key beside the ops remembered whole."""

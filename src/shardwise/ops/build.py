@@ -369,9 +369,9 @@ class StepModel:
                 out += self._comm_pieces(stage, named, "halved", half_tokens)
             out += self._comm_pieces(stage, named, "whole" if halved else "all", whole_tokens)
         if stages is None or 0 in stages:
-            out.append(Piece(stage=0, count=1, key=("embedding", rank_tokens)))
+            out.append(Piece(stage=0, count=1, key=("embedding", self.model.hidden_size, rank_tokens)))
         if stages is None or lay.pp - 1 in stages:
-            out.append(Piece(stage=lay.pp - 1, count=1, key=("head", sampled)))
+            out.append(Piece(stage=lay.pp - 1, count=1, key=("head", self._head, self.model.vocab_size, sampled)))
         return out
 
     def stage_classes(self, phase: Phase) -> tuple[int, ...]:
@@ -395,16 +395,7 @@ class StepModel:
         own groups."""
         if key[0] == "comms":
             return comm_ops(key)
-        return tuple(op_for(k) for k in self.piece_op_keys(key))
-
-    def piece_op_keys(self, key: tuple) -> list[tuple]:
-        """The keys of the ops of a layer, embedding or head piece (`op_for` builds each)."""
-        if key[0] == "layer":
-            return layer_op_keys(*key[1:])
-        if key[0] == "embedding":  # the lookup, on the first stage
-            return [("embedding", self.model.hidden_size, key[1])]
-        # lm_head on the sampled tokens, and sampling, on the last stage
-        return [("lm_head", self._head, key[1]), ("sampling", self.model.vocab_size, key[1])]
+        return tuple(op_for(k) for k in piece_op_keys(key))
 
     def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
         """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
@@ -488,6 +479,18 @@ class StepModel:
         return tuple(candidates[0][:size])
 
 
+def piece_op_keys(key: tuple) -> list[tuple]:
+    """The keys of the ops of a layer, embedding or head piece (`StepModel.pieces`; `op_for` builds each): a piece's key
+    holds all its ops follow from, so equal keys list equal ops on any layout."""
+    if key[0] == "layer":
+        return layer_op_keys(*key[1:])
+    if key[0] == "embedding":  # the lookup, on the first stage
+        _, hidden, tokens = key
+        return [("lookup", hidden, tokens)]
+    _, head, vocab, sampled = key  # lm_head on the sampled tokens, and sampling, on the last stage
+    return [("lm_head", head, sampled), ("sampling", vocab, sampled)]
+
+
 def layer_op_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_tokens: int, stage_tokens: int,
                   new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
     """The keys of one layer's ops (run once) for a batch: `rank_requests` requests of the busiest attention-DP rank
@@ -528,14 +531,14 @@ def layer_other_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_t
 
 
 def op_for(key: tuple) -> Compute:
-    """The op a key from `layer_op_keys` or `StepModel.piece_op_keys` names, run once on stage 0."""
+    """The op a key from `piece_op_keys` names, run once on stage 0."""
     what = key[0]
     if what == "gemm":
         return _gemm(key[1], _PHASES[key[2]], key[3])
     if what == "attention":
         _, inputs, phase, requests, new_tokens, context = key
         return _attention(inputs, _PHASES[phase], requests, new_tokens, context)
-    if what == "embedding":
+    if what == "lookup":
         _, h, tokens = key
         return Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
                        bytes=2 * tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16")  # fmt: skip
