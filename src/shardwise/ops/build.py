@@ -197,6 +197,7 @@ class LayerInputs:
     dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
 
 
+_PLACED = Memo(4096)  # per groups and cluster, each collective's GPUs and span (64 GPUs: a thousand sets of groups)
 _INTERNED = Memo(16_384)  # op inputs, templates and spans, under their model or cluster (64 GPUs: a few thousand)
 
 
@@ -299,6 +300,11 @@ class StepModel:
     def __init__(self, model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> None:
         self.model, self.layout, self.cluster = with_kv_dtype(model, layout), layout, cluster
         self._groups = groups(layout)
+        # per (group, its size, stage): the GPUs that run a collective there and how they span the cluster, shared by
+        # the layouts with these groups (their GPU ids follow from the degrees that name them)
+        self._placed: dict[tuple[str, int, int], tuple[tuple[int, ...], Span]] = _PLACED.get(
+            (self._groups, cluster), None, dict
+        )
         self._stage_kinds = self._count_kinds()
         matrices, experts, head = _split_weights(model, layout)
         # the weights' ops are the same whatever the KV cache stores: interned under the model as given, so the setups
@@ -460,19 +466,24 @@ class StepModel:
                 count = per_count[c.per] * halves
             if not count:
                 continue
-            if c.group == "pp":
-                group = tuple(g[0] for g in self._groups["stage"][:2])
-            else:
-                group = self._group(c.group, c.group_size, stage)
+            where = (c.group, c.group_size, stage)
+            placed = self._placed.get(where)
+            if placed is None:
+                group = self._group(*where)
+                placed = self._placed[where] = (group, _span(self.cluster, group))
             overlapped = halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL
             impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
-            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), group, _span(self.cluster, group),
-                        impl, overlapped, count))  # fmt: skip
+            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), *placed, impl, overlapped,
+                        count))  # fmt: skip
         made = self._comm_templates[(stage, phase, part)] = (_comm_template(self.cluster, out) if out else None,
                                                              tuple(out))  # fmt: skip
         return made
 
     def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
+        """The GPUs of one group of `name` that runs a collective of `size` GPUs on `stage` (the first such group; "pp":
+        the first GPUs of the first two stages, a hand-off's pair)."""
+        if name == "pp":
+            return tuple(g[0] for g in self._groups["stage"][:2])
         key = name if name in ("attn_tp", "moe_ep") else "stage"
         per_stage = len(self._groups[key]) // (self.layout.pp * self.layout.replicas)
         candidates = self._groups[key][stage * per_stage : (stage + 1) * per_stage] or self._groups[key]
