@@ -212,7 +212,9 @@ def layer_inputs(model: ModelSpec, kind: tuple[str, str], matrices: list[_Matrix
     """The interned inputs of one layer kind's ops under `layout` (`model` as its KV cache stores it; `weights` the
     model its GEMMs and experts are interned under, default `model`: what the KV cache stores changes neither)."""
     weights = weights or model
-    gemms = tuple(_interned(GemmInputs, weights, m) for m in matrices)
+    # the same list of matrices (one weight split's, `_split_weights`) gives the same GEMMs: interned once per list
+    gemms = _INTERNED.get((weights, matrices), "gemms",
+                          lambda: tuple(_interned(GemmInputs, weights, m) for m in matrices))  # fmt: skip
     attention = _interned(AttentionInputs, model, kind[0], layout.attn_tp, layout.dcp)
     routed = None if experts is None else _interned(ExpertInputs, weights, experts, layout.moe_ep, layout.moe_tp,
                                                     layout.options.eplb)  # fmt: skip
