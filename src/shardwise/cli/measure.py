@@ -25,14 +25,10 @@ from shardwise.engines.flags import command_text
 from shardwise.errors import SpecError
 from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
 from shardwise.hardware.load import read_yaml
-from shardwise.measure.gaps import explain
-from shardwise.measure.importers import read_results
-from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
 from shardwise.report import files as report_files
 from shardwise.report import json as report_json
 from shardwise.report import simulation as report_simulation
 from shardwise.report import table as report_table
-from shardwise.report import validation as report_validation
 from shardwise.spec.catalog import DEFAULT_MODEL, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, load_cluster
 
@@ -115,6 +111,11 @@ def validate(
 ) -> None:
     """Predict measurements and report the error per metric and how often the predictions rank setups as the
     measurements do."""
+    from shardwise.measure.gaps import explain  # imported here: the other commands need none of it
+    from shardwise.measure.importers import read_results
+    from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
+    from shardwise.report import validation as report_validation
+
     if files:
         levels = [level for path in files for level in read_results(path)]
         rows = rows_from_results(levels, command=command, gpus=gpus, model=model)
@@ -163,6 +164,9 @@ def calibrate(
     and simulate take with --profile; report the error before and after, on held-out measurements too. With
     --log, fit the machine's non-weight memory to what a server printed while it started."""
     from shardwise.measure.calibrate import calibrate as run_calibrate
+    from shardwise.measure.importers import read_results
+    from shardwise.measure.reference import load_rows, rows_from_results
+    from shardwise.report import validation as report_validation
 
     if log is not None:
         _calibrate_memory(log, command=command, gpus=gpus, output=output, json=json)
@@ -197,6 +201,7 @@ def calibrate(
 def _calibrate_memory(log: Path, *, command: str | None, gpus: str, output: Path, json: bool) -> None:
     from shardwise.measure.memory_fit import fit_memory
     from shardwise.measure.startup_log import read_startup_log
+    from shardwise.report import validation as report_validation
 
     if not command:
         raise SpecError("--log needs the launch command the server ran: --command 'python -m sglang.launch_server …'")
