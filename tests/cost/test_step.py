@@ -110,13 +110,14 @@ def test_nvlink_is_never_slower_than_pcie_for_the_same_layout(flags):
 
 def test_removing_communication_never_slows_a_step(tp8, monkeypatch):
     with_comm = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
-    original = tp8.step_model.pieces
+    original = tp8.step_model.piece_keys
 
-    def without_comm(**kwargs):  # the step's pieces less its collectives
+    def without_comm(**kwargs):  # the step's pieces less its collectives (what the cost model reads)
+        shape, keys = original(**kwargs)
         ops = tp8.step_model.piece_ops
-        return [p for p in original(**kwargs) if not any(isinstance(op, Comm) for op in ops(p.key))]
+        return tuple(p for p in shape if not any(isinstance(op, Comm) for op in ops(keys[p[2]]))), keys
 
-    monkeypatch.setattr(tp8.step_model, "pieces", without_comm)
+    monkeypatch.setattr(tp8.step_model, "piece_keys", without_comm)
     monkeypatch.setattr(tp8, "_costs", {})  # priced afresh from the changed ops, not from the layout's shared costs
     alone = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
     assert alone.time_s <= with_comm.time_s

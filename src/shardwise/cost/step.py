@@ -188,6 +188,7 @@ class StepCostModel:
         if pricer is None or pricer.step_model is not step_model or pricer.tables is not tables:
             pricer = self._costs["pricer"] = _Pricer(step_model, layout, tables)
         self._pricer, self.rates = pricer, pricer.rates
+        self._firsts: dict[Phase, tuple[int, ...]] = {}  # per phase, the first stage of each class
 
     @classmethod
     def of(cls, model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, tables: bool = True) -> StepCostModel:
@@ -248,19 +249,19 @@ class StepCostModel:
 
     def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> tuple[tuple[float, ...], ...]:
         """Each stage's sums (`_Piece.sums` times as often as each piece runs), in its pieces' order; stages with the
-        same pieces (`StepModel.stage_classes`) are summed once."""
+        same pieces (`StepModel.stage_classes`) are summed once, and each piece is priced once."""
         classes = self.step_model.stage_classes(phase)
-        firsts = [s for s, c in enumerate(classes) if s == c]
-        sums = dict.fromkeys(firsts, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
-        found: dict[int, _Piece] = {}  # by the key object: a layer's key is one object on every stage
+        firsts = self._firsts.get(phase)
+        if firsts is None:
+            firsts = self._firsts[phase] = tuple(s for s, c in enumerate(classes) if s == c)
+        shape, keys = self.step_model.piece_keys(phase=phase, requests=requests, new_tokens=new_tokens,
+                                                 context_tokens=context, stages=firsts)  # fmt: skip
         price = self._pricer.piece
-        for stage, count, key in self.step_model.pieces(phase=phase, requests=requests, new_tokens=new_tokens,
-                                                        context_tokens=context, stages=firsts):  # fmt: skip
-            piece = found.get(id(key))
-            if piece is None:
-                piece = found[id(key)] = price(key)
+        pieces = [price(key).sums for key in keys]
+        sums = dict.fromkeys(firsts, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+        for stage, count, slot in shape:
             a, b, c, d, e, f = sums[stage]
-            pa, pb, pc, pd, pe, pf = piece.sums
+            pa, pb, pc, pd, pe, pf = pieces[slot]
             sums[stage] = (a + count * pa, b + count * pb, c + count * pc, d + count * pd, e + count * pe,
                            f + count * pf)  # fmt: skip
         return tuple(sums[c] for c in classes)

@@ -135,6 +135,9 @@ def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
     return model.layer_attention[layer], model.layer_mlp[layer]
 
 
+Shape = tuple[tuple[int, int, int], ...]  # a step's pieces as (stage, times run, slot) in order (`piece_keys`)
+
+
 class Piece(NamedTuple):
     """Ops that run `count` times on one stage of a step. Its `key` names them: in one step model, pieces with the
     same key hold the same ops (`StepModel.piece_ops`), so a cost model prices each once and multiplies. A layer's key
@@ -320,6 +323,7 @@ class StepModel:
         # per (stage, phase, part): the interned template, and the stage's own collectives (its own groups)
         self._comm_templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[tuple, ...]]] = {}
         self._classes: dict[Phase, tuple[int, ...]] = {}
+        self._shapes: dict[tuple, tuple[Shape, tuple[tuple, ...]]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
 
@@ -341,6 +345,15 @@ class StepModel:
         """The ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
         prefill) to a context of `context_tokens` already cached, as pieces: `ops` lists them whole. `stages`: those
         stages' pieces only (default every stage's)."""
+        shape, keys = self.piece_keys(phase=phase, requests=requests, new_tokens=new_tokens,
+                                      context_tokens=context_tokens, stages=stages)  # fmt: skip
+        return [Piece(stage, count, keys[slot]) for stage, count, slot in shape]
+
+    def piece_keys(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int,
+                   stages: Sequence[int] | None = None) -> tuple[Shape, list[tuple]]:  # fmt: skip
+        """`pieces` as (its shape: the stage, times run and slot of every piece in order; the key of each slot). A slot
+        is one piece whatever the stage (a layer kind's, for instance, on every stage that runs it): priced once. The
+        shape follows from the phase, whether two-batch overlap splits the step and the stages asked (remembered)."""
         lay = self.layout
         rank_requests = math.ceil(requests / (lay.attn_dp * lay.replicas))  # busiest attention-DP rank
         rank_tokens = rank_requests * new_tokens
@@ -354,33 +367,62 @@ class StepModel:
         least = lay.options.overlap_from_tokens[0 if phase is Phase.DECODE else 1]
         split = lay.options.two_batch_overlap and rank_requests >= 2 and rank_tokens >= least
         part = math.ceil(rank_requests / 2)  # the larger half
-        whole_tokens = {"rank": rank_tokens, "stage": stage_tokens, "cached": rank_requests * context_tokens,
-                        "sampled": sampled}  # fmt: skip
-        half_tokens = {"rank": part * new_tokens, "stage": part * new_tokens * lay.attn_dp,
-                       "cached": part * context_tokens, "sampled": sampled}  # fmt: skip
-        out: list[Piece] = []
         named = phase.value
-        keys: dict[tuple[tuple[str, str], bool], tuple] = {}  # a layer kind's key, the same object on every stage
-        for stage in range(lay.pp) if stages is None else stages:
-            kinds = self._stage_kinds[stage]
+        shape, slots = self._shape(named, split, None if stages is None else tuple(stages))
+        keys: list[tuple] = []
+        for slot in slots:
+            what = slot[0]
+            if what == "layer":
+                _, kind, half = slot
+                here = part if half else rank_requests
+                tokens = here * new_tokens
+                keys.append(("layer", self._layers[kind], named, here, tokens, tokens * lay.attn_dp, new_tokens,
+                             context_tokens))  # fmt: skip
+            elif what == "comms":
+                _, template, which = slot
+                if which == "halved":
+                    sized = (part * new_tokens, part * new_tokens * lay.attn_dp, part * context_tokens, sampled)
+                else:
+                    sized = (rank_tokens, stage_tokens, rank_requests * context_tokens, sampled)
+                keys.append(("comms", template, named, which, *sized))
+            elif what == "embedding":
+                keys.append(("embedding", self.model.hidden_size, rank_tokens))
+            else:
+                keys.append(("head", self._head, self.model.vocab_size, sampled))
+        return shape, keys
+
+    def _shape(self, phase: str, split: bool, stages: tuple[int, ...] | None) -> tuple[Shape, tuple[tuple, ...]]:
+        """The pieces of a step of `phase` on `stages` (None: all) as (stage, times run, slot), and the slots: a layer
+        kind ("layer", kind, halved), a stage's collectives ("comms", template, part), the embedding, the head."""
+        made = self._shapes.get((phase, split, stages))
+        if made is not None:
+            return made
+        shape: list[tuple[int, int, int]] = []
+        slots: list[tuple] = []
+        index: dict[tuple, int] = {}
+
+        def add(stage: int, count: int, slot: tuple) -> None:
+            at = index.get(slot)
+            if at is None:
+                at = index[slot] = len(slots)
+                slots.append(slot)
+            shape.append((stage, count, at))
+
+        for stage in range(self.layout.pp) if stages is None else stages:
             halved = split and self._moe_kinds[stage]
-            for kind, count in kinds.items():
+            for kind, count in self._stage_kinds[stage].items():
                 half = halved and kind[1] == "moe"
-                key = keys.get((kind, half))
-                if key is None:
-                    here = part if half else rank_requests
-                    tokens = here * new_tokens
-                    key = keys[(kind, half)] = ("layer", self._layers[kind], named, here, tokens, tokens * lay.attn_dp,
-                                                new_tokens, context_tokens)  # fmt: skip
-                out.append(Piece(stage, 2 * count if half else count, key))
-            if halved:
-                out += self._comm_pieces(stage, named, "halved", half_tokens)
-            out += self._comm_pieces(stage, named, "whole" if halved else "all", whole_tokens)
+                add(stage, 2 * count if half else count, ("layer", kind, half))
+            for which in ("halved", "whole") if halved else ("all",):
+                template = self.comm_template(stage, phase, which)
+                if template is not None:  # the stage's collectives, one piece (none where it runs none)
+                    add(stage, 1, ("comms", template, which))
         if stages is None or 0 in stages:
-            out.append(Piece(stage=0, count=1, key=("embedding", self.model.hidden_size, rank_tokens)))
-        if stages is None or lay.pp - 1 in stages:
-            out.append(Piece(stage=lay.pp - 1, count=1, key=("head", self._head, self.model.vocab_size, sampled)))
-        return out
+            add(0, 1, ("embedding",))
+        if stages is None or self.layout.pp - 1 in stages:
+            add(self.layout.pp - 1, 1, ("head",))
+        made = self._shapes[(phase, split, stages)] = (tuple(shape), tuple(slots))
+        return made
 
     def stage_classes(self, phase: Phase) -> tuple[int, ...]:
         """Per stage, the first stage whose pieces are the same in every step of `phase` (the same layers in the same
@@ -417,16 +459,6 @@ class StepModel:
                 ops = self.piece_ops(p.key)
             out += [replace(op, stage=p.stage, count=op.count * p.count) for op in ops]
         return out
-
-    def _comm_pieces(self, stage: int, phase: str, part: str, tokens: dict[str, int]) -> list[Piece]:
-        """The collectives of this stage in one step, as one piece (none where it runs none), from `tokens` (the
-        rank's new tokens, the stage's, those its requests hold already, those sampled) of the layers `part`
-        names."""
-        template = self.comm_template(stage, phase, part)
-        if template is None:
-            return []
-        key = ("comms", template, phase, part, tokens["rank"], tokens["stage"], tokens["cached"], tokens["sampled"])
-        return [Piece(stage=stage, count=1, key=key)]
 
     def comm_template(self, stage: int, phase: str, part: str) -> CommTemplate | None:
         """The collectives of `comm_steps` that run on this stage in this phase (None: none run): per layer kind, once
