@@ -186,18 +186,18 @@ def flag_gains(ranking: Ranking) -> list[FlagGain]:
     layout = _layout_items(c, variant_flags)
     table = flag_table(c.engine)
     version = parse_version(c.version, c.engine)
+    # the setups of its engine and option variants whose layout flags are a subset of its own, each read once
+    fewer = [(s, items) for s in ranking.scores if s.candidate.engine == c.engine and s.candidate.option_kinds ==
+             c.option_kinds for items in (_layout_items(s.candidate, variant_flags),) if items < layout]  # fmt: skip
     out = []
     for name in c.given:
         if name in variant_flags:
             continue
-        twins = [s for s in ranking.scores if s.candidate.engine == c.engine and s.candidate.option_kinds ==
-                 c.option_kinds and _layout_items(s.candidate, variant_flags) < layout
-                 and name not in s.candidate.given]  # fmt: skip
+        twins = [(s, items) for s, items in fewer if name not in s.candidate.given]
         if not twins:
             continue
-        twin = max(twins, key=lambda s: (len(s.candidate.given), s.value))
-        dropped = [k for k, _ in sorted(layout - _layout_items(twin.candidate, variant_flags),
-                                        key=lambda kv: list(c.given).index(kv[0]))]  # fmt: skip
+        twin, items = max(twins, key=lambda t: (len(t[0].candidate.given), t[0].value))
+        dropped = [k for k, _ in sorted(layout - items, key=lambda kv: list(c.given).index(kv[0]))]
         if dropped[0] != name:  # said with the flag it goes with
             continue
         spelled = tuple(" ".join(flag_words(table, version, k, c.given[k])) for k in dropped)
@@ -220,10 +220,12 @@ class Winner:
 def winners_by_concurrency(candidates: tuple[Candidate, ...] | list[Candidate]) -> list[Winner]:
     """The setup with the most output tok/s at each concurrency of the sweep."""
     out = []
+    # each level's output tok/s of every setup, read once
+    levels = list(zip(*([p.output_tok_s for p in c.predictions] for c in candidates), strict=True))
     for n, prediction in enumerate(candidates[0].predictions if candidates else ()):
         # setups shown alike differ by less than a unit of the fourth digit, under 0.1 % of the top: only those near it
-        top = max(c.predictions[n].output_tok_s for c in candidates)
-        near = [c for c in candidates if c.predictions[n].output_tok_s >= top * (1 - 2e-3)] or candidates
+        top = max(levels[n])
+        near = [c for c, rate in zip(candidates, levels[n], strict=True) if rate >= top * (1 - 2e-3)] or candidates
         best = max(near, key=lambda c: (_shown(c.predictions[n].output_tok_s), -len(c.options)))
         out.append(Winner(concurrency=prediction.concurrency, candidate=best, prediction=best.predictions[n]))
     return out

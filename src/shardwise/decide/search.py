@@ -96,7 +96,7 @@ class Candidate:
         """The engine options it sets beyond the layout ("CUDA graphs off", "FP8 KV cache", ...)."""
         return tuple(self.variant.split(", ")) if self.variant else ()
 
-    @property
+    @cached_property
     def option_kinds(self) -> frozenset[str]:
         """Its options, a raised memory fraction or a lowered context counted as one whatever its value (each
         layout's own)."""
