@@ -150,11 +150,15 @@ def longest_stage_s(figures: Figures) -> float:
 
 def parts_s(figures: Figures) -> dict[str, float]:
     """compute / memory / comm / launch / host seconds over all stages: they sum to `time_s`."""
-    totals = [0.0] * len(PARTS)  # added stage by stage, left to right (`sum` compensates from Python 3.12)
+    compute = memory = comm = launch = host = 0.0  # added stage by stage, left to right (`sum` compensates from 3.12)
     for f in figures:
-        for i, value in enumerate(f[3]):
-            totals[i] += value
-    return dict(zip(PARTS, totals, strict=True))
+        c, m, k, la, h = f[3]  # in PARTS order
+        compute += c
+        memory += m
+        comm += k
+        launch += la
+        host += h
+    return {"compute": compute, "memory": memory, "comm": comm, "launch": launch, "host": host}
 
 
 class StepCostModel:

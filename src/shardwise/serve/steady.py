@@ -84,6 +84,7 @@ class Predictor:
         self._prefills: dict[tuple, tuple[float, float, float]] = self.steps.memo.setdefault("prefills", {})
         self._chunks: dict[tuple, float] = self.steps.memo.setdefault("prefill chunks", {})
         self._shared = {} if shared is None else shared
+        self._mixed = layout.options.scheduler.mixed_batches
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
         """The predictions at each concurrency without their decode steps (what a search keeps of thousands of
@@ -115,7 +116,8 @@ class Predictor:
     def _predict(self, concurrency: int, cap: int, isl: int, osl: int, *, decode_only: bool,
                  with_step: bool) -> Prediction:  # fmt: skip
         running = min(concurrency, cap)
-        cycle_s, parts = self.steps.cycle(running, isl + osl // 2)
+        context = isl + osl // 2
+        cycle_s, parts = self.steps.cycle(running, context)
         tokens = self.steps.tokens
         cycle = cycle_s / tokens  # per output token
         if tokens != 1.0:
@@ -127,7 +129,7 @@ class Predictor:
         steps = max(1, osl - 1)
         cycles = osl if decode_only else osl - 1
         throughput = running * osl / (cycles * cycle + running * per_request)
-        if decode_only or self.layout.options.scheduler.mixed_batches or concurrency > cap:
+        if decode_only or self._mixed or concurrency > cap:
             # prefills spread between every request's tokens: the engine mixes them in, or requests queue for KV
             # room and are admitted one by one as it frees up
             first, between = alone, (running - 1) * per_request
@@ -143,7 +145,7 @@ class Predictor:
         return Prediction(
             concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
             tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if concurrency > cap else bound,
-            decode=self.steps.decode(running, isl + osl // 2).step if with_step else None,
+            decode=self.steps.decode(running, context).step if with_step else None,
             cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=breakdown,
             tokens_per_step=tokens,
         )  # fmt: skip
