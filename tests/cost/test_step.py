@@ -154,6 +154,35 @@ def test_layouts_that_differ_only_in_memory_or_launching_share_their_op_costs():
     read_fp8 = fp8.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
     attention = [o for o in read_fp8.ops if o.op_class.value == "attention"]
     assert sum(o.bytes for o in attention) < sum(o.bytes for o in graphed.ops if o.op_class.value == "attention")
+    # the collectives are the same with either cache: their templates, stage classes and pieces' shapes are shared
+    assert fp8.step_model._comm_templates is base.step_model._comm_templates
+    assert fp8.step_model.stage_classes(Phase.DECODE) is base.step_model.stage_classes(Phase.DECODE)
+    comms = [[(o.name, o.size_bytes) for o in m.step_model.ops(phase=Phase.DECODE, requests=4, new_tokens=1,
+                                                                context_tokens=1024) if isinstance(o, Comm)]
+             for m in (fp8, base)]  # fmt: skip
+    assert comms[0] == comms[1] and comms[0]
+
+
+def test_step_models_share_their_collectives_only_where_they_run_the_same_ones():
+    """With DCP a prefill gathers the cached prefix's KV over the DCP group, sized by the cache's own dtype: an FP8
+    cache's step model then has collectives of its own, and each is priced from its own."""
+    cluster, model = load_cluster("8xh200"), load_model("deepseek-v3")
+
+    def priced(flags: str) -> StepCostModel:
+        setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=model, cluster=cluster)
+        assert setup.layout is not None, setup.rejections
+        return StepCostModel.of(model, setup.layout, cluster)
+
+    dcp = "--tp 8 --dcp-size 8 --attention-backend flashinfer"
+    base, fp8 = priced(dcp), priced(dcp + " --kv-cache-dtype fp8_e4m3")
+    assert fp8.step_model._comm != base.step_model._comm
+    assert fp8.step_model._comm_templates is not base.step_model._comm_templates
+    sizes = [
+        sum(o.size_bytes for o in m.step_model.ops(phase=Phase.PREFILL, requests=1, new_tokens=1024,
+                                                   context_tokens=4096) if isinstance(o, Comm) and "KV" in o.name)
+        for m in (base, fp8)
+    ]  # fmt: skip
+    assert sizes[1] == pytest.approx(sizes[0] / 2) and sizes[1] > 0  # FP8 gathers half the bytes of BF16
 
 
 @pytest.mark.parametrize(

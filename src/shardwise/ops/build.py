@@ -200,6 +200,7 @@ class LayerInputs:
     dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
 
 
+_COMM_PLANS = Memo(64)  # per model, cluster, groups: templates, stage classes, shapes (a structure's twins at a time)
 _PLACED = Memo(4096)  # per groups and cluster, each collective's GPUs and span (64 GPUs: a thousand sets of groups)
 _INTERNED = Memo(16_384)  # op inputs, templates and spans, under their model or cluster (64 GPUs: a few thousand)
 
@@ -320,10 +321,15 @@ class StepModel:
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
         self._moe_kinds = [any(mlp == "moe" for _, mlp in kinds) for kinds in self._stage_kinds]
-        # per (stage, phase, part): the interned template, and the stage's own collectives (its own groups)
-        self._comm_templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[tuple, ...]]] = {}
-        self._classes: dict[Phase, tuple[int, ...]] = {}
-        self._shapes: dict[tuple, tuple[Shape, tuple[tuple, ...]]] = {}
+        # what follows from the collectives, the stages' layers and the groups alone, shared by the step models that
+        # have them all alike (a structure's with another KV cache dtype): per (stage, phase, part) the interned
+        # template and the stage's own collectives (its own groups); per phase the stage classes; the pieces' shapes
+        plan = (tuple(self._comm), layout.pp, layout.pp_extra_layers, self._ar_impl, layout.options.two_batch_overlap)
+        self._comm_templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[tuple, ...]]]
+        self._classes: dict[Phase, tuple[int, ...]]
+        self._shapes: dict[tuple, tuple[Shape, tuple[tuple, ...]]]
+        self._comm_templates, self._classes, self._shapes = _COMM_PLANS.get((model, cluster, self._groups), plan,
+                                                                            lambda: ({}, {}, {}))  # fmt: skip
 
     # --- set-up --------------------------------------------------------------------------------------
 
