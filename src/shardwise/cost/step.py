@@ -239,11 +239,11 @@ class StepCostModel:
             if sums is None:  # each piece priced once and counted as often as it runs: a step is linear in them
                 sums = self._costs[key] = self._stage_sums(phase, requests, new_tokens, context)
             per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
-            alike: dict[int, tuple] = {}  # stages with the same pieces have the same figures (but the first)
-            figures = self._costs[whole] = tuple(
-                self._stage(sums[0], graphed, per_request) if s == 0 else
-                alike.get(c) or alike.setdefault(c, self._stage(sums[c], graphed))
-                for s, c in enumerate(self.step_model.stage_classes(phase)))  # fmt: skip
+            # stages with the same pieces have the same figures (but the first, where the scheduler's work is)
+            classes = self.step_model.stage_classes(phase)
+            alike = {c: self._stage(stage_sums, graphed) for c, stage_sums in sums.items() if c}
+            figures = self._costs[whole] = (self._stage(sums[0], graphed, per_request),
+                                            *[alike[c] for c in classes[1:]])  # fmt: skip
         return key, whole, figures
 
     def remembered(self, name: tuple) -> dict:
@@ -251,9 +251,9 @@ class StepCostModel:
         from those ops, the cluster and the name alone."""
         return self._costs.setdefault(("remembered", *name), {})
 
-    def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> tuple[tuple[float, ...], ...]:
-        """Each stage's sums (`_Piece.sums` times as often as each piece runs), in its pieces' order; stages with the
-        same pieces (`StepModel.stage_classes`) are summed once, and each piece is priced once."""
+    def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> dict[int, tuple[float, ...]]:
+        """The sums of each class of stages (`StepModel.stage_classes`), by its first stage: `_Piece.sums` times as
+        often as each piece runs, in its pieces' order (each piece priced once)."""
         classes = self.step_model.stage_classes(phase)
         firsts = self._firsts.get(phase)
         if firsts is None:
@@ -268,7 +268,7 @@ class StepCostModel:
             pa, pb, pc, pd, pe, pf = pieces[slot]
             sums[stage] = (a + count * pa, b + count * pb, c + count * pc, d + count * pd, e + count * pe,
                            f + count * pf)  # fmt: skip
-        return tuple(sums[c] for c in classes)
+        return sums
 
     def _stage(self, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> tuple:
         """One stage's (GPU, host, time, parts in PARTS order) from the sums of its ops (`_Piece.sums`): its GPU work,
