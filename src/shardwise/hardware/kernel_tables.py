@@ -210,27 +210,32 @@ class Grid:
             lows.append(i)
             fractions.append(min(max((log_v - logs[i]) / (logs[j] - logs[i]), 0.0), 1.0) if j > i else 0.0)
         total = 0.0  # the log-linear blend of the cells around the point
-        cells, strides, shape = self._cells
-        for corner in itertools.product((0, 1), repeat=len(lows)):
+        cells, strides, corners = self._cells
+        base = sum(i * stride for i, stride in zip(lows, strides, strict=True))
+        blends = [(1.0 - f, f) for f in fractions]
+        for corner, offset in corners:
             weight = 1.0
-            for up, f in zip(corner, fractions, strict=True):
-                weight *= f if up else 1.0 - f
+            for up, blend in zip(corner, blends, strict=True):
+                weight *= blend[up]
             if weight == 0.0:
                 continue
-            at = zip(lows, corner, shape, strides, strict=True)
-            cell = cells[sum(min(i + up, n - 1) * stride for i, up, n, stride in at)]
+            cell = cells[base + offset]
             if math.isnan(cell):
                 return None
             total += weight * math.log(cell)
         return math.exp(total) * scale, beyond
 
     @cached_property
-    def _cells(self) -> tuple[list[float], tuple[int, ...], tuple[int, ...]]:
+    def _cells(self) -> tuple[list[float], tuple[int, ...], tuple[tuple[tuple[int, ...], int], ...]]:
         """The seconds as one flat list of floats (read cell by cell faster than the array), each axis's stride in
-        it, and the grid's shape."""
+        it, and each corner around a point with its place from the point's lower cell (an axis of one value has no
+        upper neighbour: the corner stays on it)."""
         shape = self.seconds.shape
         strides = tuple(math.prod(shape[a + 1 :]) for a in range(len(shape)))
-        return self.seconds.ravel().tolist(), strides, shape
+        steps = [stride if n > 1 else 0 for stride, n in zip(strides, shape, strict=True)]
+        corners = tuple((corner, sum(up * step for up, step in zip(corner, steps, strict=True)))
+                        for corner in itertools.product((0, 1), repeat=len(shape)))  # fmt: skip
+        return self.seconds.ravel().tolist(), strides, corners
 
 
 @dataclass(frozen=True)
