@@ -9,12 +9,10 @@ all-to-all's one rank's send buffer. The link model (cost/comm.py) turns them in
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
-
 from shardwise.engines.layout import Layout, with_kv_dtype
-from shardwise.frozen import Frozen
 from shardwise.hardware.collectives import Collective
 from shardwise.spec.model import ModelSpec
 
@@ -24,7 +22,8 @@ LSE_BYTES = 4  # a log-sum-exp per head and token, in FP32
 Per = Literal["layer", "attention_layer", "moe_layer", "dense_layer", "step", "stage_boundary"]
 
 
-class CommStep(Frozen):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommStep:
     """One collective in a forward step: where, over which group, how often, and its bytes per token."""
 
     where: str
@@ -33,11 +32,12 @@ class CommStep(Frozen):
     group_size: int
     per: Per
     count: int = 1
-    bytes_per_token: float = Field(description="message bytes per token of the batch on one GPU")
-    phase: Literal["decode", "prefill"] | None = Field(None, description="the only phase it runs in; None: both")
-    sized_by: Literal["new", "cached"] = Field(
-        "new", description="the tokens it scales with: the step's new tokens, or those already cached"
-    )
+    bytes_per_token: float  # message bytes per token of the batch on one GPU
+    phase: Literal["decode", "prefill"] | None = None  # the only phase it runs in; None: both
+    sized_by: Literal["new", "cached"] = "new"  # the tokens it scales with: the step's new ones, or those cached
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bytes_per_token", float(self.bytes_per_token))  # a size in bytes, whatever it came as
 
 
 def comm_steps(layout: Layout, model: ModelSpec) -> list[CommStep]:

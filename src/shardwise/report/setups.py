@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Group
@@ -52,7 +53,7 @@ def layout_payload(layout: Layout, model: ModelSpec) -> dict[str, Any]:
         "description": layout.describe(),
         "groups": groups(layout),
         "splits": [s.model_dump() for s in splits(layout, model)],
-        "collectives": [{**c.model_dump(mode="json"), "op": c.op.value} for c in comm_steps(layout, model)],
+        "collectives": [{**asdict(c), "op": c.op.value} for c in comm_steps(layout, model)],
     }
 
 
