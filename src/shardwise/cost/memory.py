@@ -198,6 +198,17 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
     return cell
 
 
+_CELLS = Memo(256)  # per model (as its KV cache stores it), the cache bytes of a token on each stage
+
+
+def _stage_cells(model: ModelSpec, layout: Layout) -> list[float]:
+    """`kv_bytes_per_token` of each stage's layers, remembered by what it reads of the layout (a search sizes each
+    structure's KV cache with several option sets)."""
+    key = (layout.pp, layout.pp_extra_layers, layout.attn_tp, layout.dcp, layout.options.spec)
+    ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
+    return list(_CELLS.get((model,), key, lambda: tuple(kv_bytes_per_token(model, layout, r) for r in ranges)))
+
+
 def activation_bytes(model: ModelSpec, layout: Layout, tokens: int, *, sampled: int) -> float:
     """Live activations of a forward pass over `tokens` on one GPU: the residual stream and its neighbours
     (4 × hidden), plus the widest intermediate (attention q/k/v/out or the MLP's gate/up/act; for MoE the
@@ -247,8 +258,8 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     chunk = opts.chunked_prefill_tokens
     sampled = min(chunk, opts.max_running_requests or chunk)
     act = activation_bytes(model, layout, chunk, sampled=sampled)
-    graphs = activation_bytes(model, layout, opts.cuda_graph_max_bs or 0, sampled=opts.cuda_graph_max_bs or 0)
-    graphs = graphs if opts.cuda_graph else 0.0
+    graph_batch = opts.cuda_graph_max_bs or 0
+    graphs = activation_bytes(model, layout, graph_batch, sampled=graph_batch) if opts.cuda_graph else 0.0
     fraction = opts.memory_fraction
     kv_per_stage = []
     for weights in stage_weights:
@@ -257,7 +268,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         else:
             kv_per_stage.append(_total_share_pool(opts, capacity, weights=weights, rt=rt, act=act, graphs=graphs))
     kv = max(0.0, min(kv_per_stage))
-    cells = [kv_bytes_per_token(model, layout, r) for r in ranges]
+    cells = _stage_cells(model, layout)
     if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
         cells = [c + kv_bytes_per_token(drafter, layout, range(drafter.num_layers)) for c in cells]
     page = opts.page_size or 1

@@ -193,7 +193,7 @@ class FlagEngine:
 
     def _version_note(self, version: Version) -> list[Note]:
         known = _known_versions(self.name)
-        if min(known) <= version <= max(known):
+        if known[0] <= version <= known[-1]:
             return []
         return [
             Note(
@@ -233,4 +233,4 @@ class FlagEngine:
 @cache
 def _known_versions(engine: str) -> tuple[Version, ...]:
     """The releases an engine's rules were read from (parsed once: every setup checks against them)."""
-    return tuple(Version(v) for v in flag_table(engine).known_versions)
+    return tuple(sorted(Version(v) for v in flag_table(engine).known_versions))  # oldest first

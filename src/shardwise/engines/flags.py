@@ -154,6 +154,16 @@ def flag_table(engine: str) -> FlagTable:
     return validate(FlagTable, read_yaml(path), origin=str(path))
 
 
+@cache
+def _defaults(engine: str) -> dict[str, Any]:
+    return {name: option.default for name, option in flag_table(engine).options.items() if option.default is not None}
+
+
+def table_defaults(engine: str) -> dict[str, Any]:
+    """The options of `engine`'s table that have a default, with it (a new dict: the caller may change it)."""
+    return dict(_defaults(engine))
+
+
 def parse_version(text: str, engine: str) -> Version:
     try:
         return Version(text)

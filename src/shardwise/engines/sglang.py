@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from shardwise.engines.base import Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
-from shardwise.engines.flags import HEAD_IP, flag_table, head_port
+from shardwise.engines.flags import HEAD_IP, flag_table, head_port, table_defaults
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.sglang_memory import attn_dp_padding_mib, auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
@@ -199,7 +199,7 @@ def effective_flags(
 ) -> tuple[dict[str, Any], list[Note]]:
     """The configuration SGLang runs: defaults filled in and its silent rewrites applied, each with a note."""
     table = flag_table("sglang")
-    f = {name: option.default for name, option in table.options.items() if option.default is not None}
+    f = table_defaults("sglang")
     f.update(given)
     f.setdefault("attn_dp_size", 1)
     tier = memory_tier(table.memory_tiers, cluster, version)

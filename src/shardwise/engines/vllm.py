@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from shardwise.engines.base import Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
-from shardwise.engines.flags import HEAD_IP, EngineArgError, flag_table
+from shardwise.engines.flags import HEAD_IP, EngineArgError, flag_table, table_defaults
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.vllm_rules import RULES, gpus_used
 from shardwise.spec.cluster import ClusterSpec
@@ -32,7 +32,7 @@ def effective_flags(
     given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
 ) -> tuple[dict[str, Any], list[Note]]:
     table = flag_table("vllm")
-    f = {name: option.default for name, option in table.options.items() if option.default is not None}
+    f = table_defaults("vllm")
     f.update(given)
     notes = []
     if f["all2all_backend"] in REMOVED_A2A:
