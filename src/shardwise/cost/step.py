@@ -20,7 +20,7 @@ from shardwise.engines.layout import Layout, with_kv_dtype
 from shardwise.hardware.load import overheads
 from shardwise.memo import Memo
 from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for, piece_op_keys
-from shardwise.ops.types import Phase
+from shardwise.ops.types import OpClass, Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
@@ -406,7 +406,7 @@ def _added(costs: tuple[OpCost, ...], start: tuple[float, ...]) -> tuple[float, 
         acc[5] += c.kernels
         if c.hidden:
             acc[4] += c.comm_s
-        elif c.op_class.value == "comm":
+        elif c.op_class is OpClass.COMM:
             acc[3] += c.comm_s
         else:
             acc[2] += c.launch_s

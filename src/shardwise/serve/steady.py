@@ -85,6 +85,7 @@ class Predictor:
         self._chunks: dict[tuple, float] = self.steps.memo.setdefault("prefill chunks", {})
         self._shared = {} if shared is None else shared
         self._mixed = layout.options.scheduler.mixed_batches
+        self._steady: dict[tuple, tuple[float, float, float, dict[str, float], str, float, float]] = {}
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
         """The predictions at each concurrency without their decode steps (what a search keeps of thousands of
@@ -115,9 +116,29 @@ class Predictor:
 
     def _predict(self, concurrency: int, cap: int, isl: int, osl: int, *, decode_only: bool,
                  with_step: bool) -> Prediction:  # fmt: skip
-        running = min(concurrency, cap)
-        context = isl + osl // 2
-        cycle_s, parts = self.steps.cycle(running, context)
+        running, queued = min(concurrency, cap), concurrency > cap
+        # all but the end-to-end time follows from the requests running and whether others queue (every load beyond
+        # the KV pool runs as many): worked out once for them
+        key = (isl, osl, running, queued, decode_only)
+        steady = self._steady.get(key)
+        if steady is None:
+            steady = self._steady[key] = self._running(running, isl, osl, queued=queued, decode_only=decode_only)
+        throughput, tpot, first, breakdown, bound, cycle, tokens = steady
+        e2e = concurrency * osl / throughput
+        ttft = max(first, e2e - (osl - 1) * tpot)
+        return Prediction(
+            concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
+            tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if queued else bound,
+            decode=self.steps.decode(running, isl + osl // 2).step if with_step else None,
+            cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=breakdown,
+            tokens_per_step=tokens,
+        )  # fmt: skip
+
+    def _running(self, running: int, isl: int, osl: int, *, queued: bool,
+                 decode_only: bool) -> tuple[float, float, float, dict[str, float], str, float, float]:  # fmt: skip
+        """(output tok/s, TPOT, the least TTFT, the parts of a token's time, the largest, the cycle per token, tokens
+        per step) with `running` requests running, and others queued or not."""
+        cycle_s, parts = self.steps.cycle(running, isl + osl // 2)
         tokens = self.steps.tokens
         cycle = cycle_s / tokens  # per output token
         if tokens != 1.0:
@@ -129,7 +150,7 @@ class Predictor:
         steps = max(1, osl - 1)
         cycles = osl if decode_only else osl - 1
         throughput = running * osl / (cycles * cycle + running * per_request)
-        if decode_only or self._mixed or concurrency > cap:
+        if decode_only or self._mixed or queued:
             # prefills spread between every request's tokens: the engine mixes them in, or requests queue for KV
             # room and are admitted one by one as it frees up
             first, between = alone, (running - 1) * per_request
@@ -138,17 +159,9 @@ class Predictor:
             first = max(alone, (wave + batch) / 2)
             between = max(0.0, wave - first)
         tpot = cycle + between / steps
-        e2e = concurrency * osl / throughput
-        ttft = max(first, e2e - (osl - 1) * tpot)
         breakdown = {**parts, "prefill": between / steps}
         bound = max(breakdown, key=breakdown.__getitem__)
-        return Prediction(
-            concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
-            tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if concurrency > cap else bound,
-            decode=self.steps.decode(running, context).step if with_step else None,
-            cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=breakdown,
-            tokens_per_step=tokens,
-        )  # fmt: skip
+        return throughput, tpot, first, breakdown, bound, cycle, tokens
 
     def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:
         return [self.predict(concurrency=c, isl=isl, osl=osl, decode_only=decode_only) for c in concurrencies]
