@@ -1,7 +1,7 @@
 """Engine-neutral layouts: groups of GPUs and component splits."""
 
 from shardwise import load_model
-from shardwise.engines.layout import Layout, groups, splits
+from shardwise.engines.layout import EngineOptions, Layout, groups, shape_key, sized_alike_key, splits
 
 
 def sglang(**kw) -> Layout:
@@ -83,3 +83,34 @@ def test_layouts_alike_in_their_weight_split_hold_every_tensor_alike():
                 ways = [weight_ways(w, setup.layout, model) for w in weights]
                 assert first.setdefault(weight_split(setup.layout), ways) == ways
         assert len(first) > 10
+
+
+def _other(value: object) -> object:
+    """A value of the same kind as `value` but not equal to it."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, tuple):
+        return (*value, 1)
+    return 1  # None, or a nested setting
+
+
+def test_the_keys_of_a_layout_cover_every_field_they_say():
+    """A search shares step costs by `shape_key` (and the options that change what an op costs) and step times by
+    `sized_alike_key`: a field left out of either would let layouts that cost differently share them."""
+    layout = Layout(engine="sglang", version="0.5.23", stage_gpus=8, attn_dp=8, moe_ep=8, dense_tp=1, shared_tp=1,
+                    lm_head_tp=8)  # fmt: skip
+    for name in Layout.model_fields:
+        if name == "options":
+            continue
+        changed = layout.model_copy(update={name: _other(getattr(layout, name))})
+        assert shape_key(changed) != shape_key(layout), name
+        assert sized_alike_key(changed) != sized_alike_key(layout), name
+    for name in EngineOptions.model_fields:
+        options = layout.options.model_copy(update={name: _other(getattr(layout.options, name))})
+        changed = layout.model_copy(update={"options": options})
+        assert shape_key(changed) == shape_key(layout), name
+        assert (sized_alike_key(changed) == sized_alike_key(layout)) == (name == "memory_fraction"), name

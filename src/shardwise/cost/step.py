@@ -13,10 +13,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
+from operator import attrgetter
 
 from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
-from shardwise.engines.layout import Layout, with_kv_dtype
+from shardwise.engines.layout import Layout, shape_key, with_kv_dtype
 from shardwise.hardware.load import overheads
 from shardwise.memo import Memo
 from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for, piece_op_keys
@@ -31,6 +32,7 @@ COST_OPTIONS = ("two_batch_overlap", "overlap_from_tokens", "eplb", "kv_cache_dt
 REMEMBERED_OPS = 200_000
 SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
 
+_COST_OPTIONS = attrgetter(*COST_OPTIONS)
 _TABLES = Memo(SHARED_LAYOUTS)  # tables remembered across cost models, by what they follow from
 
 
@@ -49,10 +51,7 @@ def _shared_comm(cluster: ClusterSpec) -> dict[tuple, float]:
 def _shared_costs(model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables: bool) -> dict:
     """The op costs of one layout's steps, by step: shared by every layout with the same ops (a search prices the
     same structure with the memory fraction raised, CUDA graphs off, other slot counts: the ops cost the same)."""
-    cost_options = layout.options.model_dump(include=set(COST_OPTIONS))
-    shape = layout.model_dump_json(exclude={"options"})
-    return _remembered(("ops", tables, shape, tuple(sorted(cost_options.items()))),
-                       model, cluster)  # fmt: skip
+    return _remembered(("ops", tables, shape_key(layout), _COST_OPTIONS(layout.options)), model, cluster)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from shardwise.cost.step import StepCost
 from shardwise.engines.base import Engine, Setup, get_engine
 from shardwise.engines.check import model_reference
 from shardwise.engines.flags import command_text
-from shardwise.engines.layout import Layout
+from shardwise.engines.layout import Layout, sized_alike_key
 from shardwise.serve.steady import Prediction, Predictor
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec
@@ -304,12 +304,12 @@ class _Search:
             self.concurrency = tuple(levels)
         ref = model_reference(self.model_ref)
         # by the layout without its memory fraction: the fraction costs nothing
-        shared: dict[str, tuple[StepTimes, dict[tuple, Prediction]]] = {}
+        shared: dict[tuple, tuple[StepTimes, dict[tuple, Prediction]]] = {}
         pending, self.pending = deque(self.pending), []
         while pending:  # each setup's ledger let go once it is predicted: a report sizes the few it shows again
             engine, setup, memory, variant = pending.popleft()
             assert setup.layout is not None
-            costs = setup.layout.model_dump_json(exclude={"options": {"memory_fraction"}})
+            costs = sized_alike_key(setup.layout)
             held = shared.get(costs)
             if held is None:
                 shared.clear()  # variants of one layout are considered together

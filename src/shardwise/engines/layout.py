@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from operator import attrgetter
 from typing import Literal
 
 from pydantic import Field, computed_field
@@ -196,6 +197,21 @@ class Layout(Frozen):
         parts += [f"{name}{n}" for name, n in (("PP", self.pp), ("CP", self.attn_cp), ("DCP", self.dcp)) if n > 1]
         name = " ".join(parts)
         return f"{self.replicas}× {name}" if self.replicas > 1 else name
+
+
+_SHAPE = attrgetter(*(name for name in Layout.model_fields if name != "options"))
+_OPTIONS_BUT_FRACTION = attrgetter(*(name for name in EngineOptions.model_fields if name != "memory_fraction"))
+
+
+def shape_key(layout: Layout) -> tuple:
+    """Every field of `layout` but its options, as a key: layouts with equal keys place and split the model alike."""
+    return _SHAPE(layout)
+
+
+def sized_alike_key(layout: Layout) -> tuple:
+    """Every field of `layout` but its memory fraction, as a key: layouts with equal keys differ at most in how much
+    memory their engine gives the KV cache."""
+    return _SHAPE(layout), _OPTIONS_BUT_FRACTION(layout.options)
 
 
 # --- which GPUs form each group ---------------------------------------------------------------------
