@@ -284,3 +284,23 @@ def test_a_request_longer_than_the_pool_in_tokens_runs_when_its_window_fits():
     workload = WorkloadSpec(input=Lengths.fixed(124_000), output=Lengths.fixed(8), num_requests=1, concurrency=1)
     result = simulate(steps, memory, workload)
     assert result.requests == 1 and result.retractions == 0
+
+
+def test_a_gpu_left_without_room_for_activations_is_named_with_its_figures():
+    """The fraction raised to 0.97 with a 32k prefill chunk starts, but leaves each GPU less than its activation peak
+    and graphs need: the warning names the tightest GPU and what its row says is left."""
+    memory, _ = ledger("sglang", "--tp 8 --ep 8 --mem-fraction-static 0.97 --chunked-prefill-size 32768")
+    tight = min(memory.per_gpu, key=lambda row: row.free_bytes)
+    need = tight.activation_bytes + tight.cuda_graph_bytes
+    assert memory.verdict == "ok" and tight.free_bytes < 0
+    assert f"GPU {tight.gpu}: activations at the prefill chunk and CUDA graphs need about {need / GiB:.1f} GiB but " \
+           f"{(need + tight.free_bytes) / GiB:.1f} GiB remain" in " ".join(memory.warnings)  # fmt: skip
+    assert len(memory.stages) == 1 and memory.stages[0].kv_bytes == memory.kv_pool_bytes
+
+
+def test_each_pipeline_stage_has_its_row_with_its_own_weights():
+    memory, _ = ledger("sglang", "--tp 4 --pp-size 2 --mem-fraction-static 0.85")
+    assert [row.stage for row in memory.stages] == [0, 1]
+    assert [row.gpu for row in memory.stages] == [memory.gpu_stages.index(0), memory.gpu_stages.index(1)]
+    assert tuple(row.weights_bytes for row in memory.stages) == memory.stage_weights_bytes
+    assert memory.stage_weights_bytes[0] != memory.stage_weights_bytes[1]  # the embedding and the head apart

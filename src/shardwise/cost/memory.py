@@ -13,6 +13,7 @@ The pool is the same on every rank of an attention-DP group, so the fullest GPU 
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -65,8 +66,12 @@ class MemoryLedger(Frozen):
     verdict: Literal["ok", "oom", "no_kv_room"]
     reason: str | None = None
     engine_error: str | None = None
-    stages: tuple[GpuMemory, ...] = Field(description="one row per pipeline stage (its first GPU): a stage's GPUs "
-                                          "hold the same")  # fmt: skip
+    capacity_bytes: float = Field(description="each GPU's memory")
+    stage_weights_bytes: tuple[float, ...] = Field(description="weights on each GPU of each pipeline stage")
+    kv_pool_bytes: float = Field(description="the KV cache on each GPU (every stage sizes the same pool)")
+    runtime_bytes: float = Field(description="CUDA stack, communication buffers, engine caches, on each GPU")
+    activation_bytes: float = Field(description="activation peak at the prefill chunk, on each GPU")
+    cuda_graph_bytes: float = Field(description="captured CUDA graphs, on each GPU")
     gpu_stages: tuple[int, ...] = Field(description="the stage of each GPU the layout uses, in GPU order")
     weights_by_component_bytes: dict[str, float] = Field(description="on the fullest GPU")
     kv_bytes_per_token: float = Field(description="per GPU, for the stage with the most layers")
@@ -88,6 +93,15 @@ class MemoryLedger(Frozen):
         "inside the fraction",
     )
     warnings: tuple[str, ...] = ()
+
+    @cached_property
+    def stages(self) -> tuple[GpuMemory, ...]:
+        """One row per pipeline stage (its first GPU): a stage's GPUs hold the same (made when asked: a search sizes
+        thousands of layouts of up to 64 stages)."""
+        return tuple(GpuMemory(gpu=self.gpu_stages.index(stage), stage=stage, capacity_bytes=self.capacity_bytes,
+                               weights_bytes=weights, kv_bytes=self.kv_pool_bytes, runtime_bytes=self.runtime_bytes,
+                               activation_bytes=self.activation_bytes, cuda_graph_bytes=self.cuda_graph_bytes)
+                     for stage, weights in enumerate(self.stage_weights_bytes))  # fmt: skip
 
     @property
     def per_gpu(self) -> tuple[GpuMemory, ...]:
@@ -275,7 +289,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     caching = [c for c in cells if c > 0]  # a stage of linear-attention layers only caches no tokens
     tokens = min(int(kv // c) // page * page for c in caching) * layout.dcp if kv > 0 and caching else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
-    rows, gpu_stages = _per_stage(layout, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
+    gpu_stages, firsts = _gpu_stages(layout)
     window_tokens, full_share = _window_kept(model, layout, ranges[worst])
     verdict, reason, error = _verdict(
         layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells),
@@ -286,7 +300,12 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         verdict=verdict,
         reason=reason,
         engine_error=error,
-        stages=tuple(rows),
+        capacity_bytes=capacity,
+        stage_weights_bytes=tuple(stage_weights),
+        kv_pool_bytes=kv,
+        runtime_bytes=rt + vlm_cache,
+        activation_bytes=act,
+        cuda_graph_bytes=graphs,
         gpu_stages=gpu_stages,
         weights_by_component_bytes=stage_components[worst],
         kv_bytes_per_token=max(cells),
@@ -300,7 +319,11 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         largest_fraction=None
         if opts.activations_in_budget
         else _largest_fraction(capacity, rt, act + graphs + opts.fraction_reserve_bytes),
-        warnings=tuple(_headroom_warnings(rows) if verdict == "ok" else ())
+        warnings=tuple(
+            _headroom_warnings(firsts, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
+            if verdict == "ok"
+            else ()
+        )  # fmt: skip
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
     )
@@ -366,21 +389,6 @@ def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, r
         floor, share = opts.kv_margin
         pool = min(pool, capacity - weights - rt - graphs - max(floor, share * act))
     return pool - act
-
-
-def _per_stage(
-    layout: Layout, capacity: float, stage_weights: list[float], kv: float, rt: float, act: float, graphs: float
-) -> tuple[list[GpuMemory], tuple[int, ...]]:
-    """One row per pipeline stage (numbered by its first GPU), and the stage of every GPU in GPU order."""
-    gpu_stages, firsts = _gpu_stages(layout)
-    # built from the ledger's own figures (every one a float): not validated again, row by row
-    rows = [
-        GpuMemory.model_construct(gpu=firsts[stage], stage=stage, capacity_bytes=float(capacity),
-                                  weights_bytes=float(stage_weights[stage]), kv_bytes=float(kv),
-                                  runtime_bytes=float(rt), activation_bytes=float(act), cuda_graph_bytes=float(graphs))
-        for stage in range(layout.pp)
-    ]  # fmt: skip
-    return rows, gpu_stages
 
 
 _GPU_STAGES = Memo(4096)  # per stage groups, each GPU's stage and each stage's first GPU
@@ -488,13 +496,16 @@ def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, .
     )
 
 
-def _headroom_warnings(per_gpu: list[GpuMemory]) -> list[str]:
-    tight = min(per_gpu, key=lambda row: row.free_bytes)
-    if tight.free_bytes >= 0:
+def _headroom_warnings(firsts: tuple[int, ...], capacity: float, stage_weights: list[float], kv: float, rt: float,
+                       act: float, graphs: float) -> list[str]:  # fmt: skip
+    """Where the GPU with the least left (the first such, by stage) has less than nothing after everything else."""
+    free = [capacity - weights - kv - (rt + act + graphs) for weights in stage_weights]  # as GpuMemory.free_bytes
+    tight = min(range(len(free)), key=free.__getitem__)
+    if free[tight] >= 0:
         return []
-    need = tight.activation_bytes + tight.cuda_graph_bytes
+    need = act + graphs
     return [
-        f"GPU {tight.gpu}: activations at the prefill chunk and CUDA graphs need about {need / GiB:.1f} GiB "
-        f"but {(need + tight.free_bytes) / GiB:.1f} GiB remain after weights, KV cache and runtime: "
+        f"GPU {firsts[tight]}: activations at the prefill chunk and CUDA graphs need about {need / GiB:.1f} GiB "
+        f"but {(need + free[tight]) / GiB:.1f} GiB remain after weights, KV cache and runtime: "
         "expect out-of-memory under load; lower the chunked-prefill size or the memory fraction"
     ]
