@@ -200,6 +200,21 @@ class LayerInputs:
     dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
 
 
+_KINDS = Memo(256)  # per model, pipeline and where its extra layers go: each stage's layer kinds
+
+
+def _stage_kinds(
+    model: ModelSpec, pp: int, extra: str
+) -> tuple[tuple[Counter[tuple[str, str]], ...], tuple[bool, ...]]:
+    """Each stage's layer kinds, counted, and whether it runs MoE layers (shared: read them, do not change them)."""
+
+    def counted() -> tuple[tuple[Counter[tuple[str, str]], ...], tuple[bool, ...]]:
+        kinds = tuple(Counter(_kind(model, i) for i in r) for r in stage_layers(model.num_layers, pp, extra))
+        return kinds, tuple(any(mlp == "moe" for _, mlp in k) for k in kinds)
+
+    return _KINDS.get((model,), (pp, extra), counted)
+
+
 _COMM_PLANS = Memo(64)  # per model, cluster, groups: templates, stage classes, shapes (a structure's twins at a time)
 _PLACED = Memo(4096)  # per groups and cluster, each collective's GPUs and span (64 GPUs: a thousand sets of groups)
 _INTERNED = Memo(16_384)  # op inputs, templates and spans, under their model or cluster (64 GPUs: a few thousand)
@@ -311,7 +326,7 @@ class StepModel:
         self._placed: dict[tuple[str, int, int], tuple[tuple[int, ...], Span]] = _PLACED.get(
             (self._groups, cluster), None, dict
         )
-        self._stage_kinds = self._count_kinds()
+        self._stage_kinds, self._moe_kinds = _stage_kinds(self.model, layout.pp, layout.pp_extra_layers)
         matrices, experts, head = _split_weights(model, layout)
         # the weights' ops are the same whatever the KV cache stores: interned under the model as given, so the setups
         # of a structure with another KV cache dtype share their GEMMs', experts' and head's costs
@@ -320,7 +335,6 @@ class StepModel:
                         for kind, mats in matrices.items()}  # fmt: skip
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
-        self._moe_kinds = [any(mlp == "moe" for _, mlp in kinds) for kinds in self._stage_kinds]
         # what follows from the collectives, the stages' layers and the groups alone, shared by the step models that
         # have them all alike (a structure's with another KV cache dtype): per (stage, phase, part) the interned
         # template and the stage's own collectives (its own groups); per phase the stage classes; the pieces' shapes
@@ -332,10 +346,6 @@ class StepModel:
                                                                             lambda: ({}, {}, {}))  # fmt: skip
 
     # --- set-up --------------------------------------------------------------------------------------
-
-    def _count_kinds(self) -> list[Counter[tuple[str, str]]]:
-        ranges = stage_layers(self.model.num_layers, self.layout.pp, self.layout.pp_extra_layers)
-        return [Counter(_kind(self.model, i) for i in r) for r in ranges]
 
     def _allreduce_impl(self) -> str:
         """Custom all-reduce runs over NVLink and over PCIe only for two GPUs; beyond that the engines fall back
