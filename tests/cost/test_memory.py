@@ -304,3 +304,10 @@ def test_each_pipeline_stage_has_its_row_with_its_own_weights():
     assert [row.gpu for row in memory.stages] == [memory.gpu_stages.index(0), memory.gpu_stages.index(1)]
     assert tuple(row.weights_bytes for row in memory.stages) == memory.stage_weights_bytes
     assert memory.stage_weights_bytes[0] != memory.stage_weights_bytes[1]  # the embedding and the head apart
+
+
+def test_a_ledger_copied_with_other_figures_shows_them_in_its_rows():
+    memory, _ = ledger("sglang", "--tp 8 --ep 8 --mem-fraction-static 0.85")
+    assert memory.stages[0].kv_bytes == memory.kv_pool_bytes > 0
+    emptied = memory.model_copy(update={"kv_pool_bytes": 0.0})
+    assert emptied.stages[0].kv_bytes == 0.0 and all(row.kv_bytes == 0.0 for row in emptied.per_gpu)

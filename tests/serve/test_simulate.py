@@ -251,3 +251,15 @@ def test_cuda_graph_twins_share_a_cycle_only_where_neither_graphs_the_step():
             cycle_s, parts = steps.cycle(running, 1536)
             decode = alone.decode(running, 1536)
             assert (cycle_s, parts) == (decode.cycle_s, decode.parts_s) == (decode.step.time_s, decode.step.parts_s)
+
+
+def test_loads_beyond_the_pool_share_their_figures_but_not_their_breakdown(kimi):
+    """Every load beyond the KV pool runs as many requests: the same throughput and TPOT, a TTFT that grows with the
+    queue; each prediction keeps its own breakdown (changing one changes no other)."""
+    _, memory, predictor = kimi
+    cap = memory.max_concurrency(isl=1024, osl=1024)
+    a, b = predictor.sweep([2 * cap, 4 * cap], isl=1024, osl=1024)
+    assert (a.running, a.output_tok_s, a.tpot_s) == (b.running, b.output_tok_s, b.tpot_s) == (cap, a.output_tok_s,
+                                                                                                a.tpot_s)  # fmt: skip
+    assert b.ttft_s > a.ttft_s and a.bound == b.bound == "kv_capacity"
+    assert a.breakdown_s == b.breakdown_s and a.breakdown_s is not b.breakdown_s

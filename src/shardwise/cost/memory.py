@@ -13,7 +13,6 @@ The pool is the same on every rank of an attention-DP group, so the fullest GPU 
 from __future__ import annotations
 
 import math
-from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -94,10 +93,10 @@ class MemoryLedger(Frozen):
     )
     warnings: tuple[str, ...] = ()
 
-    @cached_property
+    @property
     def stages(self) -> tuple[GpuMemory, ...]:
-        """One row per pipeline stage (its first GPU): a stage's GPUs hold the same (made when asked: a search sizes
-        thousands of layouts of up to 64 stages)."""
+        """One row per pipeline stage (its first GPU): a stage's GPUs hold the same (made from the fields when asked: a
+        search sizes thousands of layouts of up to 64 stages, and a copy with other figures shows its own)."""
         return tuple(GpuMemory(gpu=self.gpu_stages.index(stage), stage=stage, capacity_bytes=self.capacity_bytes,
                                weights_bytes=weights, kv_bytes=self.kv_pool_bytes, runtime_bytes=self.runtime_bytes,
                                activation_bytes=self.activation_bytes, cuda_graph_bytes=self.cuda_graph_bytes)

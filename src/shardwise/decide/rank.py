@@ -220,8 +220,9 @@ class Winner:
 def winners_by_concurrency(candidates: tuple[Candidate, ...] | list[Candidate]) -> list[Winner]:
     """The setup with the most output tok/s at each concurrency of the sweep."""
     out = []
-    # each level's output tok/s of every setup, read once
-    levels = list(zip(*([p.output_tok_s for p in c.predictions] for c in candidates), strict=True))
+    # each level's output tok/s of every setup (at the first setup's levels), read once
+    shown = len(candidates[0].predictions) if candidates else 0
+    levels = list(zip(*([p.output_tok_s for p in c.predictions[:shown]] for c in candidates), strict=False))
     for n, prediction in enumerate(candidates[0].predictions if candidates else ()):
         # setups shown alike differ by less than a unit of the fourth digit, under 0.1 % of the top: only those near it
         top = max(levels[n])

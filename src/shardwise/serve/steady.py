@@ -130,7 +130,7 @@ class Predictor:
             concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
             tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if queued else bound,
             decode=self.steps.decode(running, isl + osl // 2).step if with_step else None,
-            cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=breakdown,
+            cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=dict(breakdown),
             tokens_per_step=tokens,
         )  # fmt: skip
 
