@@ -256,13 +256,18 @@ def pareto(candidates: tuple[Candidate, ...] | list[Candidate]) -> list[ParetoPo
     fastest per user first."""
     # a point each, fastest per user first (ties: more per GPU first, then in order); on the frontier where it gives
     # more per GPU than every point before it
-    points = [(c, p) for c in candidates for p in c.predictions]
-    if not points:
+    per_user = np.array([p.per_user_tok_s for c in candidates for p in c.predictions])
+    if not len(per_user):
         return []
-    per_user = np.array([p.per_user_tok_s for _, p in points])
-    per_gpu = np.array([p.output_tok_s / c.gpus for c, p in points])
+    per_gpu = np.array([p.output_tok_s / gpus for c in candidates for gpus in (c.gpus,) for p in c.predictions])
+    starts = np.cumsum([0] + [len(c.predictions) for c in candidates])  # each setup's first point
     order = np.lexsort((-per_gpu, -per_user))  # stable: equal points keep their order
     ranked = per_gpu[order]
     before = np.fmax.accumulate(np.concatenate(([-1.0], ranked[:-1])))  # a NaN is on no frontier and bars none
-    return [ParetoPoint(candidate=points[i][0], prediction=points[i][1], tok_s_per_gpu=float(per_gpu[i]),
-                        per_user_tok_s=float(per_user[i])) for i in order[ranked > before]]  # fmt: skip
+    out = []
+    for i in order[ranked > before]:
+        n = int(np.searchsorted(starts, i, side="right")) - 1
+        c = candidates[n]
+        out.append(ParetoPoint(candidate=c, prediction=c.predictions[i - starts[n]], tok_s_per_gpu=float(per_gpu[i]),
+                               per_user_tok_s=float(per_user[i])))  # fmt: skip
+    return out
