@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -164,9 +164,20 @@ def table_defaults(engine: str) -> dict[str, Any]:
     return dict(_defaults(engine))
 
 
+class Release(Version):
+    """An engine release: a version whose text is worked out once (a setup names it in every rule and note)."""
+
+    @cached_property
+    def _text(self) -> str:
+        return super().__str__()
+
+    def __str__(self) -> str:
+        return self._text
+
+
 def parse_version(text: str, engine: str) -> Version:
     try:
-        return Version(text)
+        return Release(text)
     except InvalidVersion as exc:
         raise SpecError(
             f"{engine} version {text!r} is not a version number; write e.g. {flag_table(engine).default_version}"
