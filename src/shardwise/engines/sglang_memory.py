@@ -15,6 +15,7 @@ from typing import Any
 from packaging.version import Version
 
 from shardwise.engines.flags import flag_table
+from shardwise.memo import Memo
 from shardwise.spec.model import ModelSpec
 
 V0523 = Version("0.5.23")
@@ -74,12 +75,20 @@ def graph_reserve_mib(f: dict[str, Any], model: ModelSpec, version: Version) -> 
     return reserved
 
 
+_VLM_FACTORS = Memo(16)  # per model
+
+
 def vlm_factor(model: ModelSpec) -> float:
     """adjust_mem_fraction_for_vlm: 0.95, scaled by the vision tower's size against a ViT-L/14 (24 × 1024²).
     The size is what SGLang's own config class reads: the checkpoint's num_hidden_layers / hidden_size, else the
-    class's defaults (data: `models.*.vision_config`), else getattr's 24 and 1024."""
+    class's defaults (data: `models.*.vision_config`), else getattr's 24 and 1024. Remembered per model."""
     if model.vision is None:
         return 1.0
+    return _VLM_FACTORS.get((model,), None, lambda: _vlm_factor(model))
+
+
+def _vlm_factor(model: ModelSpec) -> float:
+    assert model.vision is not None
     defaults = flag_table("sglang").support(model.architecture, model.wrapper_architecture).vision_config or {}
     layers = model.vision.hf_num_hidden_layers or defaults.get("num_hidden_layers", 24)
     hidden = model.vision.hf_hidden_size or defaults.get("hidden_size", 1024)
