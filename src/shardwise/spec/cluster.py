@@ -74,17 +74,26 @@ class ClusterSpec(Frozen):
         return per_nic * self.inter.nics_per_node / self.gpus_per_node
 
     def node_of(self, gpu: int) -> int:
-        return gpu // self.gpus_per_node
+        return _place(gpu, self.gpus_per_node, self._per_numa())[0]
 
     def numa_of(self, gpu: int) -> int:
-        per_numa = max(1, self.gpus_per_node // self.intra.numa_nodes)
-        return (gpu % self.gpus_per_node) // per_numa
+        return _place(gpu, self.gpus_per_node, self._per_numa())[1]
 
     def span(self, gpus: Sequence[int]) -> Span:
         """How a group of GPUs lies on the cluster: how many, whether they span nodes, whether they span a node's
         CPU sockets. All the link model reads of a group (cost/comm.py): groups with one span cost the same."""
-        nodes, sockets = {self.node_of(g) for g in gpus}, {self.numa_of(g) for g in gpus}
+        per_node, per_numa = self.gpus_per_node, self._per_numa()
+        places = {_place(g, per_node, per_numa) for g in gpus}
+        nodes, sockets = {node for node, _ in places}, {numa for _, numa in places}
         return Span(len(gpus), len(nodes) > 1, len(sockets) > 1)
+
+    def _per_numa(self) -> int:
+        return max(1, self.gpus_per_node // self.intra.numa_nodes)
+
+
+def _place(gpu: int, per_node: int, per_numa: int) -> tuple[int, int]:
+    """(the node of `gpu`, its CPU socket within the node)."""
+    return gpu // per_node, (gpu % per_node) // per_numa
 
 
 class Span(NamedTuple):
