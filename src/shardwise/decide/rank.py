@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from itertools import groupby
 
 import numpy as np
 
@@ -80,8 +81,15 @@ def rank(
             unmet.append(c)
         else:
             scores.append(score)
-    # equal to the figures shown, fewer GPUs first, then fewer non-default options (CUDA graphs on before off)
-    scores.sort(key=lambda s: (-_shown(s.value), s.candidate.gpus, len(s.candidate.options), s.candidate.name))
+    # equal to the figures shown, fewer GPUs first, then fewer non-default options (CUDA graphs on before off), then
+    # by name (named only where the rest ties: a search ranks thousands of setups)
+    first = [(-_shown(s.value), s.candidate.gpus, len(s.candidate.options)) for s in scores]
+    order = sorted(range(len(scores)), key=first.__getitem__)
+    ranked: list[Score] = []
+    for _, group in groupby(order, key=first.__getitem__):
+        alike = [scores[i] for i in group]
+        ranked += sorted(alike, key=lambda s: s.candidate.name) if len(alike) > 1 else alike
+    scores = ranked
     band = tie_band()
     default = _closest_to_defaults(scores, band)
     top = scores[0] if scores else None
