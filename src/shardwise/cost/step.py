@@ -335,8 +335,9 @@ class _Pricer:
         if gemms is None:
             costs = tuple(self._keyed_cost(k) for k in layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens))
             gemms = self._op_costs[shared] = (costs, _added(costs, (0.0,) * 6))
-        rest = tuple(self._keyed_cost(k) for k in layer_other_keys(inputs, phase, rank_requests, rank_tokens,
-                                                                   stage_tokens, new_tokens, context))  # fmt: skip
+        costs, keyed = self._op_costs, self._keyed_cost
+        others = layer_other_keys(inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context)
+        rest = tuple(costs.get(k) or keyed(k) for k in others)
         return _Piece(gemms[0] + rest, _added(rest, gemms[1]))
 
     def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:

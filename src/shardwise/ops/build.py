@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from shardwise.engines.layout import Layout, groups, stage_layers, weight_split, weight_ways, with_kv_dtype
@@ -198,6 +198,15 @@ class LayerInputs:
     experts: ExpertInputs | None
     gathered: bool  # the shared experts and router see every attention-DP rank's tokens
     dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
+    # its elementwise kernels: two residual-add norms, rotary, cache write (+ the q_a and kv_a norms of MLA), the MoE
+    # output add; and whether it runs routed experts
+    elementwise: int = field(init=False)
+    moe: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        moe = self.kind[1] == "moe"
+        object.__setattr__(self, "moe", moe)
+        object.__setattr__(self, "elementwise", (6 if self.model.attention.kind == "mla" else 4) + moe)
 
 
 _KINDS = Memo(256)  # per model, pipeline and where its extra layers go: each stage's layer kinds
@@ -582,11 +591,9 @@ def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tok
 def layer_other_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_tokens: int, stage_tokens: int,
                      new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
     """The keys of a layer's attention, elementwise kernels and routed experts."""
-    keys: list[tuple] = [("attention", inputs.attention, phase, rank_requests, new_tokens, context)]
-    # two residual-add norms, rotary, cache write (+ the q_a and kv_a norms of MLA), the MoE output add
-    elementwise = (6 if inputs.model.attention.kind == "mla" else 4) + (inputs.kind[1] == "moe")
-    keys.append(("elementwise", elementwise, inputs.model.hidden_size, rank_tokens))
-    if inputs.kind[1] == "moe":
+    keys: list[tuple] = [("attention", inputs.attention, phase, rank_requests, new_tokens, context),
+                         ("elementwise", inputs.elementwise, inputs.model.hidden_size, rank_tokens)]  # fmt: skip
+    if inputs.moe:
         keys.append(("experts", inputs.experts, stage_tokens))
     return keys
 
