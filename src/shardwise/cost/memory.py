@@ -56,7 +56,12 @@ class GpuMemory(Frozen):
 
     @property
     def free_bytes(self) -> float:
-        return self.capacity_bytes - self.weights_bytes - self.kv_bytes - self.other_bytes
+        return _free_bytes(self.capacity_bytes, self.weights_bytes, self.kv_bytes, self.other_bytes)
+
+
+def _free_bytes(capacity: float, weights: float, kv: float, other: float) -> float:
+    """What a GPU has left after its weights, KV cache and the rest (runtime, activations, graphs)."""
+    return capacity - weights - kv - other
 
 
 class MemoryLedger(Frozen):
@@ -498,7 +503,7 @@ def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, .
 def _headroom_warnings(firsts: tuple[int, ...], capacity: float, stage_weights: list[float], kv: float, rt: float,
                        act: float, graphs: float) -> list[str]:  # fmt: skip
     """Where the GPU with the least left (the first such, by stage) has less than nothing after everything else."""
-    free = [capacity - weights - kv - (rt + act + graphs) for weights in stage_weights]  # as GpuMemory.free_bytes
+    free = [_free_bytes(capacity, weights, kv, rt + act + graphs) for weights in stage_weights]
     tight = min(range(len(free)), key=free.__getitem__)
     if free[tight] >= 0:
         return []

@@ -191,7 +191,6 @@ class StepCostModel:
         if pricer is None or pricer.step_model is not step_model or pricer.tables is not tables:
             pricer = self._costs["pricer"] = _Pricer(step_model, layout, tables)
         self._pricer, self.rates = pricer, pricer.rates
-        self._firsts: dict[Phase, tuple[int, ...]] = {}  # per phase, the first stage of each class
 
     @classmethod
     def of(cls, model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, tables: bool = True) -> StepCostModel:
@@ -253,10 +252,7 @@ class StepCostModel:
     def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> dict[int, tuple[float, ...]]:
         """The sums of each class of stages (`StepModel.stage_classes`), by its first stage: `_Piece.sums` times as
         often as each piece runs, in its pieces' order (each piece priced once)."""
-        classes = self.step_model.stage_classes(phase)
-        firsts = self._firsts.get(phase)
-        if firsts is None:
-            firsts = self._firsts[phase] = tuple(s for s, c in enumerate(classes) if s == c)
+        firsts = self.step_model.class_firsts(phase)
         shape, keys = self.step_model.piece_keys(phase=phase, requests=requests, new_tokens=new_tokens,
                                                  context_tokens=context, stages=firsts)  # fmt: skip
         price = self._pricer.piece

@@ -353,6 +353,7 @@ class StepModel:
         self._shapes: dict[tuple, tuple[Shape, tuple[tuple, ...]]]
         self._comm_templates, self._classes, self._shapes = _COMM_PLANS.get((model, cluster, self._groups), plan,
                                                                             lambda: ({}, {}, {}))  # fmt: skip
+        self._firsts: dict[Phase, tuple[int, ...]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
 
@@ -462,6 +463,13 @@ class StepModel:
                          *(self._stage_comms(stage, phase.value, part)[0] for part in parts))  # fmt: skip
                 classes.append(first.setdefault(alike, stage))
             made = self._classes[phase] = tuple(classes)
+        return made
+
+    def class_firsts(self, phase: Phase) -> tuple[int, ...]:
+        """The first stage of each class of `stage_classes`, in order."""
+        made = self._firsts.get(phase)
+        if made is None:
+            made = self._firsts[phase] = tuple(s for s, c in enumerate(self.stage_classes(phase)) if s == c)
         return made
 
     def piece_ops(self, key: tuple) -> tuple[Op, ...]:

@@ -84,14 +84,11 @@ class StepTimes:
         self._cycles: dict[tuple[int, int], tuple[float, dict[str, float]]] = {}
         self._shared_cycles: dict[tuple, tuple[float, dict[str, float]]] = self.target.remembered(("cycles",))
         self._verify = self.plan.verify_tokens if self.plan else 1  # tokens each request runs per decode step
-        # what the serving models built on these times remember of their prefills, by name: shared, as the prefill
-        # times are, by the layouts whose prefill steps are the same (a search's CUDA-graph and memory-fraction twins)
-        self.memo: dict[str, dict] = self.target.remembered(("serving", layout.options.overlap_schedule, prefill_scale))
-        # a prefill step's time follows from the ops and how the host issues them, never graphed: shared by the
-        # layouts that share the ops and the scheduler (a search's CUDA-graph and memory-fraction twins)
-        self._prefill: dict[tuple[int, int, int], float] = self.target.remembered(
-            ("prefill", layout.options.overlap_schedule, prefill_scale)
-        )
+        # a prefill step's time follows from the ops and how the host issues them, never graphed: shared, with what the
+        # serving models built on these times remember of their prefills (by name), by the layouts that share the ops
+        # and the scheduler (a search's CUDA-graph and memory-fraction twins)
+        self.memo: dict[str, dict] = self.target.remembered(("prefill", layout.options.overlap_schedule, prefill_scale))
+        self._prefill: dict[tuple[int, int, int], float] = self.memo.setdefault("prefill steps", {})
 
     # --- exact -----------------------------------------------------------------------------------------
 
