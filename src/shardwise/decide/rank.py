@@ -102,7 +102,7 @@ def rank(
 
 def tied(value: float, top: float, band: float) -> bool:
     """`top` is no more than `band` above `value` (the model's stated error): the model cannot tell them apart."""
-    return top <= value * (1 + band)
+    return bool(top <= value * (1 + band))  # a NumPy float gives a NumPy bool
 
 
 def _closest_to_defaults(scores: list[Score], band: float) -> Score | None:

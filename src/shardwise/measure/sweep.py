@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from shardwise import jsontext
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.engines.flags import split_command
@@ -103,7 +104,7 @@ def load_records(path: Path) -> dict[str, dict[str, Any]]:
 
 def _append(path: Path, record: dict[str, Any]) -> None:
     with path.open("a", encoding="utf-8") as out:
-        out.write(json.dumps(record) + "\n")
+        out.write(jsontext.line(record) + "\n")
         out.flush()
         os.fsync(out.fileno())
 

@@ -3,7 +3,6 @@ time, so an interrupted benchmark keeps every level it finished."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
+from shardwise import jsontext
 from shardwise.errors import SpecError
 from shardwise.measure.bench import LevelResult
 from shardwise.serve.simulate import Stats
@@ -52,7 +52,7 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
     """Add one line to a JSONL file and make it durable before going on."""
     try:
         with path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(record) + "\n")
+            out.write(jsontext.line(record) + "\n")
             out.flush()
             os.fsync(out.fileno())
     except OSError as exc:

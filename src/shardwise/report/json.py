@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from shardwise.cost.comm import CollectiveCost
 from shardwise.hardware.profile import GpuProfile, LinkProfile
+from shardwise.jsontext import dumps as dumps  # the one serializer, for the commands that print these
 from shardwise.spec.catalog import CatalogEntry
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import WeightLedger
-
-
-def dumps(payload: Any) -> str:
-    """Stable, readable JSON; infinities become null (JSON has none)."""
-    return json.dumps(_finite(payload), indent=2, sort_keys=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def model_payload(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | None) -> dict[str, Any]:
