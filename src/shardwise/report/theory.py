@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.decide.rank import KNEE, Objective, flag_gains, knee, option_gains, tied
+from shardwise.decide.rank import KNEE, Objective, Score, flag_gains, knee, option_gains, tied
 from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
@@ -236,14 +236,20 @@ def theory_view(t: Theory, *, top: int) -> Group:
     return Group(*parts)
 
 
-def _ranked_table(t: Theory, top: int) -> Table:
-    """The best `top` layouts, each at its best options (its other option sets are further down the ranking)."""
+def distinct_layouts(t: Theory) -> list[Score]:
+    """Each layout of the ranking once, at its best options (its other option sets are further down the ranking)."""
     shown, seen = [], set()
     for s in t.ranking.scores:
         key = (s.candidate.engine, s.candidate.layout.structure())
         if key not in seen:
             seen.add(key)
             shown.append(s)
+    return shown
+
+
+def _ranked_table(t: Theory, top: int) -> Table:
+    """The best `top` layouts, each at its best options."""
+    shown = distinct_layouts(t)
     table = Table(title=f"top {min(top, len(shown))} of {len(shown)} layouts that start, each at its best options "
                         f"({len(t.ranking.scores)} setups)")  # fmt: skip
     for name in ("#", "setup", "tok/s", "at C", "/GPU", "/user", "C=1", "bound", "KV req"):
@@ -511,11 +517,13 @@ def theory_markdown(t: Theory, *, top: int) -> str:
     r = t.result
     out = [f"# shardwise theory: {headline(t)}", "", *[f"- {line}" for line in narrative(t)], ""]
     if t.ranking.scores:
-        out += ["## Ranking", "", _md_table(
+        shown = distinct_layouts(t)
+        out += ["## Ranking", "", f"The top {min(top, len(shown))} of {len(shown)} layouts that start, each at its "
+                f"best options ({len(t.ranking.scores)} setups).", "", _md_table(
             ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
             [[str(n), s.candidate.name, f"{s.at.output_tok_s:,.0f}", str(s.at.concurrency),
               f"{s.at.output_tok_s / s.candidate.gpus:,.0f}", f"{s.at.per_user_tok_s:,.1f}", s.at.bound]
-             for n, s in enumerate(t.ranking.scores[:top], start=1)]), ""]  # fmt: skip
+             for n, s in enumerate(shown[:top], start=1)]), ""]  # fmt: skip
         out += ["## The best setup at each concurrency", "", _md_table(
             ["C", "setup", "tok/s", "tok/s per user"],
             [[str(w.concurrency), w.candidate.name, f"{w.prediction.output_tok_s:,.0f}",
