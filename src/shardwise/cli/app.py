@@ -4,14 +4,16 @@ one line on stderr."""
 from __future__ import annotations
 
 import gc
+import inspect
 import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.text import Text
+from typer.core import TyperGroup
 
 from shardwise.engines.layout import Layout
 from shardwise.errors import ShardwiseError, SpecError
@@ -21,7 +23,23 @@ from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.drafter import drafter_block
 from shardwise.spec.workload import Lengths, WorkloadSpec, dataset, read_pairs
 
+if TYPE_CHECKING:
+    import click  # typer's own: its commands are click commands
+
+
+class _Commands(TyperGroup):
+    """The app's commands, each listed with its docstring's first paragraph as one line, for rich to reflow at the
+    console's width (in the list of commands it keeps the docstring's own line breaks, mid-sentence)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.help and command.short_help is None:
+            command.short_help = " ".join(inspect.cleandoc(command.help).split("\n\n")[0].split())
+        return command
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="What is the best way to serve this LLM on these GPUs, and why.",
     no_args_is_help=True,
     add_completion=False,

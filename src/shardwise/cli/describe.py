@@ -31,9 +31,12 @@ from shardwise.cli.app import (
 )
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.cost.memory import memory_ledger
-from shardwise.engines.base import engine_names, get_engine
+from shardwise.decide.search import raised_fraction
+from shardwise.decide.theory import would_fit
+from shardwise.engines.base import Engine, Setup, engine_names, get_engine
 from shardwise.engines.check import check_command, model_reference
 from shardwise.engines.check import layouts as list_layouts
+from shardwise.engines.flags import flag_table, flag_words, parse_version
 from shardwise.errors import SpecError
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.load import gpus as all_gpus
@@ -48,6 +51,7 @@ from shardwise.serve.steady import predict
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
+from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import weight_ledger
 from shardwise.units import parse_quantity
 
@@ -228,6 +232,32 @@ def check(
         raise typer.Exit(1)
 
 
+def _layout_rows(engine: Engine, found: list[Setup], model: ModelSpec, cluster: ClusterSpec, *,
+                 model_ref: str) -> list[report_setups.LayoutRow]:  # fmt: skip
+    """Each layout at the engine's defaults; where none fits there, each at the highest memory fraction the engine's
+    rules allow, as theorise raises it (where raising adds room)."""
+    sized = [(s, memory_ledger(model, s.layout, cluster)) for s in found if s.layout is not None]
+    none_fits = not any(memory.verdict == "ok" for _, memory in sized)
+    rows = []
+    for setup, memory in sized:
+        default = setup.layout.options.memory_fraction if setup.layout else None
+        raised = raised_fraction(engine, setup.given, setup, memory, model=model, cluster=cluster,
+                                 version=engine.version(setup.version)) if none_fits else None  # fmt: skip
+        if raised is not None:
+            _, setup, memory = raised
+        commands = engine.launch_commands(setup, model_ref=model_reference(model_ref), remote_code=model.remote_code)
+        rows.append(report_setups.LayoutRow(setup, commands, memory, default))
+    return rows
+
+
+def _fraction_flag(engine: Engine, version: str) -> str | None:
+    """The engine's memory-fraction option as this release spells it (--mem-fraction-static), if it has one."""
+    option = engine.memory_fraction_option
+    if option is None:
+        return None
+    return flag_words(flag_table(engine.name), parse_version(version, engine.name), option, 0)[0]
+
+
 @app.command()
 def layouts(
     model: ModelOption = DEFAULT_MODEL,
@@ -240,32 +270,26 @@ def layouts(
     json: JsonFlag = False,
 ) -> None:
     """The layouts the engine accepts on all of the cluster's GPUs and that fit in memory, with KV capacity and
-    launch command (--all for those that do not fit too)."""
+    launch command (--all for those that do not fit too). Where none fits at the engine's default memory fraction,
+    those that fit at the highest fraction its rules allow, as theorise raises it."""
     engines = engine_names() if framework == "all" else [framework]
     cluster_spec = load_cluster(gpus)
     spec = load_model(model)
     payload = []
     for name in engines:
-        found = list_layouts(model, cluster_spec, engine=name, version=None if framework == "all" else engine_version)
         engine = get_engine(name)
-        rows = [
-            (
-                s,
-                engine.launch_commands(s, model_ref=model_reference(model), remote_code=spec.remote_code),
-                memory_ledger(spec, s.layout, cluster_spec),
-            )
-            for s in found
-            if s.layout is not None
-        ]
-        shown = rows if show_all else [row for row in rows if row[2].verdict == "ok"]
+        found = list_layouts(model, cluster_spec, engine=name, version=None if framework == "all" else engine_version)
+        rows = _layout_rows(engine, found, spec, cluster_spec, model_ref=model)
+        shown = rows if show_all else [r for r in rows if r.memory.verdict == "ok"]
         if json:
             payload += report_setups.layouts_payload(shown, spec, isl=isl, osl=osl)
-        else:
-            fitting = sum(memory.verdict == "ok" for _, _, memory in rows)
-            title = (
-                f"{len(rows)} {name} layouts of {model} on {cluster_spec.name} pass the engine's checks; {fitting} fit "
-                "in memory" + ("" if show_all else " (--all lists the others)")
-            )
-            report_table.print_renderable(report_setups.layouts_table(shown, title=title, isl=isl, osl=osl))
+            continue
+        fits = any(r.memory.verdict == "ok" for r in rows)
+        title = report_setups.layouts_heading(
+            rows, engine=name, model=model, cluster=cluster_spec.name, show_all=show_all,
+            flag=_fraction_flag(engine, rows[0].setup.version) if rows else None,
+            would_fit=() if fits else would_fit(spec, cluster_spec, isl=isl, osl=osl),
+        )  # fmt: skip
+        report_table.print_renderable(report_setups.layouts_table(shown, title=title, isl=isl, osl=osl))
     if json:
         typer.echo(report_json.dumps(payload))

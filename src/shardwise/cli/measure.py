@@ -227,7 +227,7 @@ def sweep(
     command: Annotated[
         list[str] | None, typer.Option("--command", help="A launch command to run; repeat for several.")
     ] = None,
-    plan: Annotated[Path | None, typer.Option(help="A YAML file: commands: [launch command, …].")] = None,
+    plan: Annotated[Path | None, typer.Option(help="A YAML file: commands: \\[launch command, …].")] = None,
     top: Annotated[int | None, typer.Option(min=1, help="Run the best N setups theorise predicts.")] = None,
     model: Annotated[str, typer.Option(help="Model for --top.")] = DEFAULT_MODEL,
     gpus: GpusOption = DEFAULT_CLUSTER,

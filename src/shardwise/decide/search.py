@@ -256,21 +256,12 @@ class _Search:
 
     def _with_raised_fraction(self, engine: Engine, label: str, given: dict[str, Any], setup: Setup,
                               memory: MemoryLedger, version: Any) -> list[tuple[str, Setup, MemoryLedger]]:  # fmt: skip
-        """The option set as the engine sizes it, and with the memory fraction raised to the largest value that
-        leaves every GPU its activation peak and CUDA graphs (floored to 0.01), where the engine has such a
-        flag, the command does not set it, and raising it adds room."""
+        """The option set as the engine sizes it, and with the memory fraction raised (`raised_fraction`)."""
         out = [(label, setup, memory)]
-        flag = engine.memory_fraction_option
-        current = setup.layout.options.memory_fraction if setup.layout else None
-        if flag is None or flag in given or memory.largest_fraction is None or current is None:
-            return out
-        raised = math.floor(memory.largest_fraction * 100) / 100
-        if raised <= current + 0.005:
-            return out
-        higher = engine.setup({**given, flag: raised}, model=self.model, cluster=self.cluster, version=version)
-        if higher.valid and higher.layout is not None:
-            name = ", ".join(filter(None, [label, f"memory fraction {raised:.2f}"]))
-            out.append((name, higher, memory_ledger(self.model, higher.layout, self.cluster)))
+        raised = raised_fraction(engine, given, setup, memory, model=self.model, cluster=self.cluster, version=version)
+        if raised is not None:
+            fraction, higher, ledger = raised
+            out.append((", ".join(filter(None, [label, f"memory fraction {fraction:.2f}"])), higher, ledger))
         return out
 
     def _fits(self, engine: str, launch: tuple[str, ...], layout: Layout, memory: MemoryLedger, tried: bool) -> bool:
@@ -336,6 +327,25 @@ class _Search:
         if text not in self.excluded:
             self.excluded[text] = Excluded(engine=engine, launch=launch, layout=layout, verdict=verdict,
                                            reason=reason, engine_error=error, hand_tried=tried)  # fmt: skip
+
+
+def raised_fraction(engine: Engine, given: dict[str, Any], setup: Setup, memory: MemoryLedger, *, model: ModelSpec,
+                    cluster: ClusterSpec, version: Any) -> tuple[float, Setup, MemoryLedger] | None:  # fmt: skip
+    """The memory fraction raised to the largest value that leaves every GPU its activation peak and CUDA graphs
+    (floored to 0.01), with the setup of `given` at it and its ledger; None unless the engine has such a flag, the
+    command does not set it, and raising it adds room. theorise searches it beside the defaults; layouts shows it
+    where nothing fits at the defaults."""
+    flag = engine.memory_fraction_option
+    current = setup.layout.options.memory_fraction if setup.layout else None
+    if flag is None or flag in given or memory.largest_fraction is None or current is None:
+        return None
+    raised = math.floor(memory.largest_fraction * 100) / 100
+    if raised <= current + 0.005:
+        return None
+    higher = engine.setup({**given, flag: raised}, model=model, cluster=cluster, version=version)
+    if not higher.valid or higher.layout is None:
+        return None
+    return raised, higher, memory_ledger(model, higher.layout, cluster)
 
 
 def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

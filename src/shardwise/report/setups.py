@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Group
@@ -217,22 +217,68 @@ def _collectives_table(layout: Layout, model: ModelSpec) -> Table:
     return table
 
 
-def layouts_payload(
-    rows: list[tuple[Setup, list[list[str]], MemoryLedger]], model: ModelSpec, *, isl: int, osl: int
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class LayoutRow:
+    """A layout as `layouts` lists it: its setup (at a raised memory fraction where none fits at the engine's
+    defaults), the commands that start it, its memory, and the engine's default memory fraction for it."""
+
+    setup: Setup
+    commands: list[list[str]]
+    memory: MemoryLedger
+    default_fraction: float | None
+
+    @property
+    def fraction(self) -> float | None:
+        return self.setup.layout.options.memory_fraction if self.setup.layout else None
+
+    @property
+    def raised(self) -> bool:
+        return self.fraction != self.default_fraction
+
+
+def layouts_payload(rows: list[LayoutRow], model: ModelSpec, *, isl: int, osl: int) -> list[dict[str, Any]]:
     return [
         {
-            "engine": s.engine,
-            "version": s.version,
-            "verdict": verdict(s, memory),
-            "layout": layout_payload(s.layout, model) if s.layout else None,
-            "launch_command": command_text(cmds[0]),
-            "launch_per_node": [command_text(c) for c in cmds],
-            "notes": [n.message for n in s.notes],
-            "memory": memory_payload(memory, isl=isl, osl=osl),
+            "engine": r.setup.engine,
+            "version": r.setup.version,
+            "verdict": verdict(r.setup, r.memory),
+            "layout": layout_payload(r.setup.layout, model) if r.setup.layout else None,
+            "memory_fraction": r.fraction,
+            "default_memory_fraction": r.default_fraction,
+            "launch_command": command_text(r.commands[0]),
+            "launch_per_node": [command_text(c) for c in r.commands],
+            "notes": [n.message for n in r.setup.notes],
+            "memory": memory_payload(r.memory, isl=isl, osl=osl),
         }
-        for s, cmds, memory in rows
+        for r in rows
     ]
+
+
+def layouts_heading(rows: list[LayoutRow], *, engine: str, model: str, cluster: str, flag: str | None,
+                    show_all: bool, would_fit: tuple[str, ...]) -> str:  # fmt: skip
+    """One line: how many layouts pass the engine's checks and how many fit, at the engine's default memory
+    fraction or, where none fits there, at the highest its rules allow; when none fits at all, what would."""
+    n, of = len(rows), f"of {model} on {cluster}"
+    if not rows:
+        return f"no {engine} layout {of} uses all the GPUs and passes the engine's checks"
+    fitting = sum(r.memory.verdict == "ok" for r in rows)
+    raised = [r for r in rows if r.raised]
+    if not fitting:
+        none = (f"none of the {n} {engine} layouts {of} that pass the engine's checks fits" if n > 1
+                else f"the one {engine} layout {of} that passes the engine's checks does not fit")  # fmt: skip
+        even = f", even at the highest {flag} the engine's rules allow" if raised else ""
+        listed = "" if show_all else f"; --all lists {'them' if n > 1 else 'it'}"
+        return f"{none} in memory{even}; what would: " + "; ".join(would_fit) + listed
+    head = f"{n} {engine} layouts {of} pass the engine's checks; "
+    others = "" if show_all or fitting == n else " (--all lists the others)"
+    if not raised:
+        return head + f"{fitting} fit in memory{others}"
+    defaults = sorted({r.default_fraction for r in rows if r.default_fraction is not None})
+    at = f"{defaults[0]:.3f}" + (f"–{defaults[-1]:.3f}" if len(defaults) > 1 else "")
+    images = any(r.setup.layout and r.setup.layout.options.fraction_scale < 1 for r in raised)
+    keep = "; serving images, keep the default: it leaves room for the image encoder" if images else ""
+    return (head + f"none fits at the engine's default {flag} ({at} for these layouts); {fitting} fit at the highest "
+            f"fraction the engine's rules allow, as theorise raises it{others}{keep}")  # fmt: skip
 
 
 def _common_ends(commands: list[list[str]]) -> tuple[int, int]:
@@ -255,49 +301,36 @@ def _other_nodes(commands: list[list[str]]) -> str:
     return f"{who} run the same with {' '.join([rank, *extra])}"
 
 
-def layouts_table(rows: list[tuple[Setup, list[list[str]], MemoryLedger]], *, title: str, isl: int,
-                  osl: int) -> Group:  # fmt: skip
+def layouts_table(rows: list[LayoutRow], *, title: str, isl: int, osl: int) -> Group:
+    """The heading, the launch command the flags go in, and a row per layout (each cell wraps between words: the
+    flags column between options); the heading alone where there are no rows."""
+    if not rows:
+        return Group(Text(title))
+    raised = any(r.raised for r in rows)
+    # the layout's name says its degrees (attention TP×DP, MoE EP×TP, PP, DCP, copies); --json lists each
+    columns = ["#", "layout", "memory", "KV tokens", f"fit at {isl}+{osl}", *(["memory fraction"] if raised else []),
+               "flags"]  # fmt: skip
     table = Table(title_justify="left")
-    columns = (
-        "#",
-        "layout",
-        "attention TP×DP",
-        "MoE EP×TP",
-        "PP",
-        "copies",
-        "memory",
-        "KV tokens",
-        f"fit at {isl}+{osl}",
-        "flags",
-    )
     for col in columns:
-        right = col in ("#", "PP", "copies", "KV tokens") or col.startswith("fit")
-        table.add_column(col, justify="right" if right else "left", overflow="fold")
-    commands = [cmds[0] for _, cmds, _ in rows]
-    head, tail = _common_ends(commands) if commands else (0, 0)
-    for i, (setup, cmds, memory) in enumerate(rows, 1):
-        cmd = cmds[0]
-        lay = setup.layout
+        table.add_column(col, justify="left" if col in ("layout", "memory", "flags") else "right")
+    commands = [r.commands[0] for r in rows]
+    head, tail = _common_ends(commands)
+    for i, r in enumerate(rows, 1):
+        lay, cmd, fits = r.setup.layout, r.commands[0], r.memory.verdict == "ok"
         assert lay is not None
-        fits = memory.verdict == "ok"
         table.add_row(
             str(i),
             lay.describe(),
-            f"{lay.attn_tp}×{lay.attn_dp}",
-            f"{lay.moe_ep}×{lay.moe_tp}",
-            str(lay.pp),
-            str(lay.replicas),
-            Text(memory.verdict, style="green" if fits else "red"),
-            f"{memory.kv_tokens_total:,}" if fits else "—",
-            f"{memory.max_concurrency(isl=isl, osl=osl):,}" if fits else "—",
+            Text(r.memory.verdict, style="green" if fits else "red"),
+            f"{r.memory.kv_tokens_total:,}" if fits else "—",
+            f"{r.memory.max_concurrency(isl=isl, osl=osl):,}" if fits else "—",
+            *([f"{r.fraction:.2f}" if r.raised and r.fraction is not None else "default"] if raised else []),
             command_text(cmd[head : len(cmd) - tail]) or "(none)",
         )
-    launch = ""
-    if commands:
-        sample = commands[0]
-        launch = f"launch: {command_text(sample[:head])} FLAGS {command_text(sample[len(sample) - tail :])}".rstrip()
-        nodes = rows[0][1]
-        if len(nodes) > 1:
-            launch += (f"\n  that is node 0's command; {_other_nodes(nodes)}; set HEAD_IP to node 0's address "
-                       "on every node")  # fmt: skip
+    sample = commands[0]
+    launch = f"launch: {command_text(sample[:head])} FLAGS {command_text(sample[len(sample) - tail :])}".rstrip()
+    nodes = rows[0].commands
+    if len(nodes) > 1:
+        launch += (f"\n  that is node 0's command; {_other_nodes(nodes)}; set HEAD_IP to node 0's address "
+                   "on every node")  # fmt: skip
     return Group(Text(title), Text(launch, style="dim"), table)

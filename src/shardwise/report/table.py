@@ -210,18 +210,48 @@ def shell_wrap(line: str, width: int) -> list[str]:
 
 
 def print_renderable(renderable: object, *, console: Console | None = None) -> None:
-    """Print for people, never cutting a figure: a table wider than the console drops its outer edge, and one that
-    still does not fit is printed at its least width (a terminal wraps its lines; a file keeps them)."""
+    """Print for people, never cutting a word: a table wider than the console drops its outer edge, one that still
+    does not fit is printed at its least width (a terminal wraps its lines; a file keeps them), and its cells wrap
+    between words. A group's parts are printed so, one after another."""
     console = console or Console()
-    if isinstance(renderable, Table) and _least_width(console, renderable) > console.width:
+    if isinstance(renderable, Group):
+        for part in renderable.renderables:
+            print_renderable(part, console=console)
+        return
+    if isinstance(renderable, Table) and _measure(console, renderable).minimum > console.width:
         renderable.show_edge = False
-        need = _least_width(console, renderable)
+        need = _measure(console, renderable).minimum
         if need > console.width:
             console = Console(width=need, file=console.file, force_terminal=console.is_terminal,
                               color_system=console.color_system)  # fmt: skip
+    if isinstance(renderable, Table) and _measure(console, renderable).maximum > console.width:
+        _keep_words_whole(console, renderable)
     console.print(renderable)
 
 
-def _least_width(console: Console, table: Table) -> int:
-    """The width below which `table` would cut a cell's word: every column at its longest word."""
-    return Measurement.get(console, console.options.update(width=10_000), table).minimum
+def _measure(console: Console, renderable: object) -> Measurement:
+    """Its least width (every column at its longest word) and its widest (no cell wrapped)."""
+    return Measurement.get(console, console.options.update(width=10_000), renderable)
+
+
+def _keep_words_whole(console: Console, table: Table) -> None:
+    """Rich narrows the widest columns first, to a common width, and cuts the words of a column narrowed below its
+    longest. Where it would, fix the columns' widths as it would narrow them, but none below its longest word."""
+    spans = []  # each column's (longest word, longest line)
+    for column in table.columns:
+        sizes = [_measure(console, cell) for cell in [column.header, *column.cells]]
+        spans.append((max(s.minimum for s in sizes), max(s.maximum for s in sizes)))
+    room = console.width - (_measure(console, table).minimum - sum(least for least, _ in spans))  # less rules, padding
+
+    def widths(cap: int) -> list[int]:
+        return [max(least, min(most, cap)) for least, most in spans]
+
+    cap = max(most for _, most in spans)
+    while cap > 1 and sum(widths(cap)) > room:
+        cap -= 1
+    if all(least <= cap for least, most in spans if most > cap):
+        return  # rich's own widths keep every word whole
+    spare = room - sum(widths(cap))
+    for column, width, (_, most) in zip(table.columns, widths(cap), spans, strict=True):
+        extra = int(spare > 0 and width == cap < most)  # what is left, a character each to the narrowed columns
+        column.width, spare = width + extra, spare - extra
