@@ -74,6 +74,9 @@ def app(speed: Speed):
     return Starlette(routes=routes)
 
 
+GRACE_S = 5.0
+
+
 class FakeServer:
     """The server in its own process, on a free port."""
 
@@ -102,12 +105,20 @@ class FakeServer:
         raise RuntimeError("the test server did not start")
 
     def __exit__(self, *exc) -> None:
+        """SIGTERM, as an engine's server is stopped; uvicorn then cancels what still streams after a second
+        (`timeout_graceful_shutdown`: a stalled stream would otherwise hold it open for an hour). A server still
+        running after GRACE_S more (a loaded machine) is killed: the test is about the client, not the stop."""
         assert self.process is not None
         self.process.terminate()
-        self.process.wait(timeout=10)
+        try:
+            self.process.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 if __name__ == "__main__":
     import uvicorn
 
-    uvicorn.run(app(Speed(**json.loads(sys.argv[2]))), host="127.0.0.1", port=int(sys.argv[1]), log_level="error")
+    uvicorn.run(app(Speed(**json.loads(sys.argv[2]))), host="127.0.0.1", port=int(sys.argv[1]), log_level="error",
+                timeout_graceful_shutdown=1)  # fmt: skip
