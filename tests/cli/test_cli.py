@@ -135,7 +135,7 @@ def test_check_json_for_a_valid_and_an_invalid_command():
     bad = runner.invoke(app, ["check", "--json", "--", *LAUNCH, "--tp-size", "2", "--ep-size", "4"])
     assert bad.exit_code == 1
     data = json.loads(bad.stdout)
-    assert data["verdict"] == "invalid" and "ZeroDivisionError" in data["engine_error"]
+    assert data["verdict"] == "invalid" and "parallel topology is inconsistent" in data["engine_error"]
     assert {"verdict", "gpus_used", "gpus_available", "reason", "effective_flags"} <= set(data)
 
 
@@ -370,7 +370,7 @@ def test_theorise_json_names_the_best_and_the_excluded():
             assert g["tie"] == (g["gain"] <= 0.14)
     reasons = {" ".join(e["launch"]): e for e in payload["excluded"]}
     tp2_ep4 = next(e for cmd, e in reasons.items() if "--tp-size 2 --ep-size 4 " in cmd + " ")
-    assert tp2_ep4["verdict"] == "invalid" and "ZeroDivisionError" in tp2_ep4["engine_error"]
+    assert tp2_ep4["verdict"] == "invalid" and "parallel topology is inconsistent" in tp2_ep4["engine_error"]
 
 
 def test_theorise_writes_markdown_and_html(tmp_path):

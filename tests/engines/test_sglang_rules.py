@@ -123,9 +123,12 @@ def test_ep_not_dividing_tp_is_a_topology_error():
     assert rules(setup) == ["ep_divides_tp"]
     assert "8 != 3 * 1 * 2" in setup.rejections[0].engine_error
     assert resolve("--tp 8 --ep 4").valid
-    # block-quantized checkpoints fail earlier, at model load, with their own message
+    # the topology check runs before the model loads, block-quantized checkpoint or not; 0.5.20 has none, and
+    # refuses a block-quantized checkpoint's split while loading it
     fp8 = resolve("--tp 8 --ep 3", model="kimi-k2-instruct")
-    assert fp8.rejections[0].engine_error == "ValueError: tp_size 8 must be divisible by ep_size 3"
+    assert fp8.rejections[0].stage == "arguments" and "8 != 3 * 1 * 2" in fp8.rejections[0].engine_error
+    older = resolve("--tp 8 --ep 3", model="kimi-k2-instruct", version="0.5.20").rejections[0]
+    assert older.stage == "load" and older.engine_error == "ValueError: tp_size 8 must be divisible by ep_size 3"
 
 
 def test_heads_split_over_attention_tp():

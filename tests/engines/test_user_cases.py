@@ -41,14 +41,19 @@ def test_tp4_ep2_is_a_valid_structure_on_4_of_8_gpus(box):
 
 
 def test_tp2_ep4_is_a_zero_division(box):
+    """The user's ZeroDivisionError: moe_tp_size = 2 // 4 = 0. From 0.5.21 SGLang checks the topology it publishes
+    before it spawns anything and refuses it there (the conformance suite's oracle sees it at that stage); 0.5.20
+    divides by it while placing the ranks."""
     setup = check_command(LAUNCH + "--tp-size 2 --ep-size 4", cluster=box).setup
     assert not setup.valid
     rejection = setup.rejections[0]
-    assert rejection.rule == "moe_tp_zero"
-    assert "moe_tp_size = tp 2 // ep 4 // moe_dp 1 = 0" in rejection.reason
+    assert rejection.rule == "moe_tp_zero" and rejection.stage == "arguments"
+    assert "moe_tp_size = tp 2 // ep 4 // moe_dp 1 = 0" in rejection.reason and "ZeroDivisionError" in rejection.reason
     assert "only 2 GPUs" in rejection.reason and "--tp-size 8 --ep-size 4" in rejection.reason
-    assert rejection.engine_error.startswith("ZeroDivisionError")
-    assert "runtime_context.py" in rejection.source
+    assert rejection.engine_error.startswith("ValueError: parallel topology is inconsistent (set by publish)")
+    assert "2 != 4 * 1 * 0 (= 0)" in rejection.engine_error and "_validate_parallel" in rejection.source
+    older = check_command(LAUNCH + "--tp-size 2 --ep-size 4", cluster=box, version="0.5.20").setup.rejections[0]
+    assert older.engine_error.startswith("ZeroDivisionError") and "derive_spawn_ranks" in older.source
 
 
 def test_older_sglang_fails_in_the_launcher(box):

@@ -12,7 +12,7 @@ from packaging.version import Version
 from shardwise.engines.base import Context, Rejection, Rule
 from shardwise.engines.sglang_support import attention_dp_support, dcp_backend, deepep_link, language_model_only
 
-V0523, V0520 = Version("0.5.23"), Version("0.5.20")
+V0523, V0521, V0520 = Version("0.5.23"), Version("0.5.21"), Version("0.5.20")
 A2A_EP_SPANNING = frozenset(
     {
         "megamoe",
@@ -63,26 +63,51 @@ def attn_cp_divides_tp(ctx: Context) -> Rejection | None:
     )
 
 
+def _inconsistent_moe(ctx: Context, rule: str, reason: str) -> Rejection:
+    """From 0.5.21 the launcher publishes the parallel topology before it spawns anything and refuses one whose MoE
+    split does not multiply back to tp (runtime_context.py _validate_parallel, called by publish from
+    entrypoints/engine.py _launch_subprocesses): EP wider than tp, or not dividing it, fails there, before any
+    weight loads."""
+    f = ctx.flags
+    tp, ep, mdp = f["tp_size"], f["ep_size"], f["moe_dp_size"]
+    moe_tp = tp // ep // mdp
+    return Rejection(
+        rule=rule,
+        stage="arguments",
+        reason=reason,
+        engine_error=(
+            "ValueError: parallel topology is inconsistent (set by publish):\ntp_size == moe_ep_size * moe_dp_size * "
+            f"moe_tp_size\n  {tp} != {ep} * {mdp} * {moe_tp} (= {ep * mdp * moe_tp})"
+        ),
+        source=_src(ctx, "runtime_context.py _validate_parallel (publish, in entrypoints/engine.py)"),
+    )
+
+
 def moe_tp_zero(ctx: Context) -> Rejection | None:
     f = ctx.flags
     tp, ep, mdp = f["tp_size"], f["ep_size"], f["moe_dp_size"]
     if ep * mdp <= tp:
         return None
+    fitting = [t for t in range(ep * mdp, ctx.gpus_available + 1, ep * mdp)]
+    advice = f"; for EP {ep} use --tp-size {fitting[-1]} --ep-size {ep}" if fitting else ""
+    checked = ctx.version >= V0521
+    reason = (
+        f"EP is carved out of tp: moe_tp_size = tp {tp} // ep {ep} // moe_dp {mdp} = {tp // ep // mdp}, which SGLang "
+        + ("refuses before it starts (releases before 0.5.21 divide by it at start-up: ZeroDivisionError)" if checked
+           else "divides by at start-up")
+        + f"; this command would also use only {f['dp_size'] * tp * f['pp_size']} GPUs (dp × tp × pp){advice}"
+    )  # fmt: skip
+    if checked:
+        return _inconsistent_moe(ctx, "moe_tp_zero", reason)
     where = (
         "runtime_context.py derive_spawn_ranks (line 129)"
         if ctx.version >= V0520
         else "entrypoints/engine.py launcher (moe_ep_rank)"
     )
-    fitting = [t for t in range(ep * mdp, ctx.gpus_available + 1, ep * mdp)]
-    advice = f"; for EP {ep} use --tp-size {fitting[-1]} --ep-size {ep}" if fitting else ""
     return Rejection(
         rule="moe_tp_zero",
         stage="load",
-        reason=(
-            f"EP is carved out of tp: moe_tp_size = tp {tp} // ep {ep} // moe_dp {mdp} = {tp // ep // mdp}, "
-            f"which SGLang divides by at start-up; this command would also use only "
-            f"{f['dp_size'] * tp * f['pp_size']} GPUs (dp × tp × pp){advice}"
-        ),
+        reason=reason,
         engine_error="ZeroDivisionError: integer division or modulo by zero",
         source=_src(ctx, where),
     )
@@ -94,6 +119,8 @@ def ep_divides_tp(ctx: Context) -> Rejection | None:
     if ep * mdp > tp or tp % (ep * mdp) == 0:
         return None
     moe_tp = tp // ep // mdp
+    if ctx.version >= V0521:
+        return _inconsistent_moe(ctx, "ep_divides_tp", f"ep {ep} × moe_dp {mdp} does not divide tp {tp}")
     if "routed_experts" in ctx.blocks:
         return Rejection(
             rule="ep_divides_tp",
@@ -102,15 +129,12 @@ def ep_divides_tp(ctx: Context) -> Rejection | None:
             engine_error=f"ValueError: tp_size {tp} must be divisible by ep_size {ep}",
             source=_src(ctx, "model_runner_components/moe_ep_setup.py check_quantized_moe_compatibility"),
         )
-    return Rejection(
+    return Rejection(  # releases before the topology check: no error of theirs is on record for this split
         rule="ep_divides_tp",
         stage="load",
-        reason=f"ep {ep} × moe_dp {mdp} does not divide tp {tp}",
-        engine_error=(
-            "ValueError: parallel topology is inconsistent (set by publish): tp_size == "
-            f"moe_ep_size * moe_dp_size * moe_tp_size  {tp} != {ep} * {mdp} * {moe_tp}"
-        ),
-        source=_src(ctx, "runtime_context.py _validate_parallel"),
+        reason=f"ep {ep} × moe_dp {mdp} does not divide tp {tp}: moe_tp_size = tp // ep // moe_dp = {moe_tp} leaves "
+        f"{tp - ep * mdp * moe_tp} of the {tp} ranks outside the expert split",
+        source=_src(ctx, "model_runner_components/moe_ep_setup.py (moe_tp_size = tp_size // ep_size // dp_size)"),
     )
 
 

@@ -120,7 +120,7 @@ def check_view(
     for r in setup.rejections:
         parts.append(Text(f"  ✗ {r.reason}", style="red"))
         if r.engine_error:
-            parts.append(Text(f"    the engine says: {r.engine_error}", style="dim"))
+            parts.append(Text(f"    the engine says: {' '.join(r.engine_error.split())}", style="dim"))  # one line
         parts.append(Text(f"    checked in: {r.source}; {WHEN[r.stage]}", style="dim"))
     for note in setup.notes:
         style = "yellow" if note.kind == "warning" else "cyan"
