@@ -149,7 +149,8 @@ def test_vllm_kv_budget_subtracts_activations_and_graphs():
         ("qwen3-235b-a22b", "--tp 8", 192_512 // 4),  # 4 KV heads over 8 ranks: one (replicated) each
         ("qwen3-30b-a3b", "--tp 2", 98_304 // 2),
         ("mixtral-8x7b", "--tp 4", 131_072 // 4),
-        ("gpt-oss-120b", "--tp 4", 73_728 // 4),  # full and sliding layers both cache (no SWA pool assumed)
+        # 8 KV heads over 4 ranks: 18 full layers + 0.8 × 18 sliding (their own pool, 0.8 × as many tokens)
+        ("gpt-oss-120b", "--tp 4", 16_588.8),  # (18 + 0.8 × 18) × 2048 / 4
         ("glm-4.5", "--tp 8", 376_832 // 8),
         ("minimax-m2", "--tp 8 --ep 8", 253_952 // 8),  # FP8 blocks: 1536 / 8 is no whole block without EP
         ("qwen3-next-80b-a3b", "--tp 2", 24_576 // 2),  # 12 full-attention layers; linear layers keep a state
@@ -232,17 +233,20 @@ def test_the_raised_fraction_keeps_what_sglang_reserves():
 
 
 def test_vllm_keeps_only_the_window_of_gpt_oss_sliding_layers():
-    """gpt-oss-120b: 18 full and 18 sliding-window (128) layers. vLLM's hybrid manager frees the blocks the window
-    has passed, so a sliding layer keeps ceil(127 / 16) + 1 = 9 blocks of 16 tokens: 144 tokens. A request of
-    411 tokens holds half its bytes per token for all 411 and half for 144: 277.5 pool tokens."""
+    """gpt-oss-120b: 18 full and 18 sliding-window (128) layers, in two KV groups of 18 layers (vLLM's
+    _get_kv_cache_groups_uniform_page_size); a pool token is one group's, 18 × 2,048 B = 36,864 B on one H100.
+    vLLM's hybrid manager frees the blocks the window has passed, so the sliding group keeps ceil(127 / 16) + 1 = 9
+    blocks of 16 tokens: 144. A request of 411 tokens takes 411 tokens of the full group and 144 of the sliding
+    one: 555 pool tokens; one of 100 takes 100 of each."""
     memory, _ = ledger("vllm", "", model="gpt-oss-120b", cluster="1xh100")
-    assert memory.kv_window_tokens == 144 and memory.kv_full_share == 0.5
-    assert memory.request_tokens(411) == pytest.approx(0.5 * 411 + 0.5 * 144)
-    assert memory.request_tokens(100) == 100  # inside the window every layer keeps every token
-    # the pool holds 411 / 277.5 = 1.48 times as many such requests as it would keep whole
-    whole = memory.kv_tokens_per_rank // 411
-    assert memory.max_concurrency(isl=215, osl=196) == min(1024, int(memory.kv_tokens_per_rank // 277.5))
-    assert memory.max_concurrency(isl=215, osl=196) > 1.4 * whole
+    assert memory.kv_bytes_per_token == 18 * 2 * 8 * 64 * 2 == 36_864
+    assert memory.kv_window_tokens == 144 and (memory.kv_full_groups, memory.kv_window_groups) == (1, 1)
+    assert memory.request_tokens(411) == 411 + 144
+    assert memory.request_tokens(100) == 200  # inside the window both groups keep every token
+    # the pool holds 2 × 411 / 555 = 1.48 times as many such requests as it would keep whole (in both groups)
+    usable = memory.kv_tokens_per_rank - 16  # less the null block
+    assert memory.max_concurrency(isl=215, osl=196) == min(1024, usable // 555)
+    assert memory.max_concurrency(isl=215, osl=196) > 1.4 * (usable // (2 * 411))
 
 
 @pytest.mark.parametrize(
@@ -250,7 +254,7 @@ def test_vllm_keeps_only_the_window_of_gpt_oss_sliding_layers():
     [
         ("vllm", "--disable-hybrid-kv-cache-manager", "gpt-oss-120b"),  # the user turns it off
         ("vllm", "", "llama-3.1-70b"),  # no sliding-window layers
-        ("sglang", "", "gpt-oss-120b"),  # SGLang keeps a separate SWA pool: not this rule
+        ("sglang", "--disable-hybrid-swa-memory", "gpt-oss-120b"),  # SGLang's window pool turned off
     ],
 )
 def test_every_token_is_kept_where_the_rule_does_not_apply(engine, flags, model):
@@ -272,14 +276,15 @@ def test_vllm_sliding_window_start_up_check_and_its_suggested_length():
 
 
 def test_a_request_longer_than_the_pool_in_tokens_runs_when_its_window_fits():
-    """gpt-oss-120b on one H100 (pool 119,344 tokens): a request of 124,000 + 8 tokens holds about 62,000 of
-    them (half its bytes are in sliding layers that keep 144), so the simulation serves it."""
+    """gpt-oss-120b on one H100: the pool's 238,688 tokens of one KV group are 119,344 tokens of every layer, fewer
+    than a request of 124,000 + 8 tokens; but it takes 124,008 tokens of the full group and 144 of the sliding one
+    (124,152), which fit, so the simulation serves it."""
     from shardwise.serve.simulate import simulate
     from shardwise.serve.steps import StepTimes
     from shardwise.spec.workload import Lengths, WorkloadSpec
 
     memory, setup = ledger("vllm", "", model="gpt-oss-120b", cluster="1xh100")
-    assert memory.kv_tokens_per_rank < 124_008 and memory.request_tokens(124_008) < memory.kv_tokens_per_rank
+    assert memory.kv_tokens_per_rank // 2 < 124_008 and memory.request_tokens(124_008) < memory.kv_tokens_per_rank
     steps = StepTimes(load_model("gpt-oss-120b"), setup.layout, load_cluster("1xh100"))
     workload = WorkloadSpec(input=Lengths.fixed(124_000), output=Lengths.fixed(8), num_requests=1, concurrency=1)
     result = simulate(steps, memory, workload)

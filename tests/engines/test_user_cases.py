@@ -50,7 +50,7 @@ def test_tp2_ep4_is_a_zero_division(box):
     assert rejection.rule == "moe_tp_zero" and rejection.stage == "arguments"
     assert "moe_tp_size = tp 2 // ep 4 // moe_dp 1 = 0" in rejection.reason and "ZeroDivisionError" in rejection.reason
     assert "only 2 GPUs" in rejection.reason and "--tp-size 8 --ep-size 4" in rejection.reason
-    assert rejection.engine_error.startswith("ValueError: parallel topology is inconsistent (set by publish)")
+    assert rejection.engine_error.startswith("ValueError: parallel topology is inconsistent (set by override_perm")
     assert "2 != 4 * 1 * 0 (= 0)" in rejection.engine_error and "_validate_parallel" in rejection.source
     older = check_command(LAUNCH + "--tp-size 2 --ep-size 4", cluster=box, version="0.5.20").setup.rejections[0]
     assert older.engine_error.startswith("ZeroDivisionError") and "derive_spawn_ranks" in older.source

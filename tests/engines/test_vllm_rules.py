@@ -216,3 +216,15 @@ def test_early_async_scheduling_refuses_pipeline_stages_and_drafts(version):
     assert alone.valid and alone.layout.options.overlap_schedule
     later = VLLM.resolve("-pp 2 --async-scheduling".split(), model=gpt_oss, cluster=h100, version="0.33.0")
     assert "async_scheduling_early" not in rules(later)
+
+
+def test_gpt_oss_needs_a_kv_head_per_rank():
+    """gpt-oss-120b has 8 KV heads and its attention splits them without replication: tp 16 builds 0 per rank and
+    fails while the model is built (the conformance oracle sees vLLM raise it); tp 8 is fine, and other models
+    replicate KV heads past their count (Llama-3.1-70B's 8 at tp 16)."""
+    bad = resolve("-tp 16 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1", model="gpt-oss-120b", cluster="2x8xh100")
+    assert rules(bad) == ["kv_heads_per_rank"] and bad.rejections[0].stage == "load"
+    assert bad.rejections[0].engine_error.startswith("ZeroDivisionError")
+    assert resolve("-tp 8", model="gpt-oss-120b", cluster="8xh100").valid
+    llama = resolve("-tp 16 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1", model="llama-3.1-70b", cluster="2x8xh100")
+    assert "kv_heads_per_rank" not in rules(llama)

@@ -4,23 +4,28 @@ Weights are the exact checkpoint bytes of each tensor, divided the way the layou
 pipeline stage that holds its layer. The KV pool follows the engine's rule, read from the layout:
 - SGLang: pool = mem_fraction_static × (memory free before weights load) − weights (kv_cache_configurator:
   rest_memory = available_after_load − pre_load × (1 − mem_fraction_static)); activations and CUDA graphs
-  live in the remaining share.
+  live in the remaining share. For a hybrid sliding-window model the pool holds two: the full layers' tokens and
+  swa_full_tokens_ratio × as many for the sliding-window layers (pool_configurator.py HybridSWAPoolConfigurator).
 - vLLM: pool = gpu_memory_utilization × total − weights − non-torch memory − activation peak − CUDA-graph
-  estimate (v1/worker/gpu_worker.py determine_available_memory), and it must hold one max_model_len request.
+  estimate (v1/worker/gpu_worker.py determine_available_memory), on each pipeline stage from its own memory, in whole
+  blocks (cost/kv_blocks.py: its KV groups, 0.34's granules); every stage keeps the fewest blocks any holds, one of
+  them the null block, and the rest must hold one max_model_len request.
 The pool is the same on every rank of an attention-DP group, so the fullest GPU decides it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 from pydantic import Field
 
+from shardwise.cost.kv_blocks import request_groups, stage_blocks, stage_tensors
 from shardwise.engines.layout import (
     EngineOptions,
     Layout,
+    WindowPool,
     groups,
     stage_layers,
     weight_split,
@@ -72,22 +77,45 @@ class MemoryLedger(Frozen):
     engine_error: str | None = None
     capacity_bytes: float = Field(description="each GPU's memory")
     stage_weights_bytes: tuple[float, ...] = Field(description="weights on each GPU of each pipeline stage")
-    kv_pool_bytes: float = Field(description="the KV cache on each GPU (every stage sizes the same pool)")
+    kv_pool_bytes: float = Field(description="the KV cache budget on each GPU (the least of any stage)")
     runtime_bytes: float = Field(description="CUDA stack, communication buffers, engine caches, on each GPU")
     activation_bytes: float = Field(description="activation peak at the prefill chunk, on each GPU")
     cuda_graph_bytes: float = Field(description="captured CUDA graphs, on each GPU")
     gpu_stages: tuple[int, ...] = Field(description="the stage of each GPU the layout uses, in GPU order")
     weights_by_component_bytes: dict[str, float] = Field(description="on the fullest GPU")
-    kv_bytes_per_token: float = Field(description="per GPU, for the stage with the most layers")
-    kv_tokens_per_rank: int = Field(description="tokens one attention-DP rank's pool holds")
+    kv_bytes_per_token: float = Field(
+        description="cache bytes per token of kv_tokens_per_rank, per GPU, on the stage with the most (with a window "
+        "pool: the full layers' bytes plus the window pool's share of the sliding-window layers'; with vLLM's KV "
+        "groups: a token of one group, the largest group's layers)"
+    )
+    kv_tokens_per_rank: int = Field(
+        description="tokens one attention-DP rank's pool holds (with a window pool: the full layers' pool, SGLang's "
+        "max_total_num_tokens; vLLM: num_blocks × block size, its null block included, a token of one KV group)"
+    )
+    kv_held_back_tokens_per_rank: int = Field(
+        0, description="tokens of kv_tokens_per_rank the engine never hands to a request (vLLM's null block)"
+    )
     kv_tokens_total: int = Field(description="unique tokens over every attention-DP rank and copy")
     state_bytes_per_request: float = Field(0, description="fixed per-request state (linear attention), per GPU")
     kv_window_tokens: int | None = Field(
         None,
         description="tokens a request keeps in its sliding-window layers at most, where the engine frees what "
-        "leaves the window (vLLM's hybrid KV manager); None: every cached layer keeps every token",
+        "leaves the window (vLLM's hybrid KV manager, SGLang's window pool); None: every cached layer keeps every "
+        "token",
     )
-    kv_full_share: float = Field(1.0, description="share of a token's cache bytes in layers that keep every token")
+    kv_full_groups: int = Field(
+        1,
+        description="where sliding-window layers share the pool in KV groups of their own (vLLM): the groups of "
+        "layers that keep every token, each taking a request's tokens from the pool",
+    )
+    kv_window_groups: int = Field(
+        0, description="the groups of sliding-window layers, each taking the tokens a request keeps in its window"
+    )
+    kv_window_pool_tokens_per_rank: int | None = Field(
+        None,
+        description="where sliding-window layers keep their tokens in a pool of their own (SGLang's hybrid SWA "
+        "memory): its tokens per attention-DP rank (swa_max_total_num_tokens); None: one pool",
+    )
     max_running_requests_per_rank: int | None = None
     ranks: int = Field(description="independent KV pools: attention-DP ranks × copies")
     largest_fraction: float | None = Field(
@@ -112,20 +140,34 @@ class MemoryLedger(Frozen):
         """Every GPU's row (built when asked for: a search keeps thousands of ledgers of up to 64 GPUs each)."""
         return tuple(self.stages[stage].model_copy(update={"gpu": gpu}) for gpu, stage in enumerate(self.gpu_stages))
 
+    @property
+    def kv_usable_tokens_per_rank(self) -> int:
+        """Tokens of one rank's pool that requests can take."""
+        return self.kv_tokens_per_rank - self.kv_held_back_tokens_per_rank
+
     def request_tokens(self, context_tokens: float | np.ndarray) -> float | np.ndarray:
-        """Pool tokens one request of `context_tokens` holds (fewer than its tokens where sliding-window layers
-        keep only their window); element-wise for an array of requests."""
+        """Tokens of kv_tokens_per_rank one request of `context_tokens` L takes, element-wise for an array of
+        requests: L where every layer keeps every token; where sliding-window layers keep only W of them (W =
+        kv_window_tokens), either f · L + w · min(L, W) of one shared pool (f and w: the groups of full and of
+        sliding-window layers), or, with a window pool of its own, what the pool it fills first asks, in full-pool
+        tokens: max(L, min(L, W) × full pool / window pool). With SGLang's default ratio 0.8 the window pool
+        binds requests shorter than W / 0.8; for requests of mixed lengths, taking the larger of the two for each
+        asks a little more than the pools would."""
         if self.kv_window_tokens is None:
             return context_tokens
-        a = self.kv_full_share
-        return a * context_tokens + (1 - a) * np.minimum(context_tokens, self.kv_window_tokens)
+        window = np.minimum(context_tokens, self.kv_window_tokens)
+        pool = self.kv_window_pool_tokens_per_rank
+        if pool is not None:
+            full_per_window = self.kv_tokens_per_rank / pool if pool else math.inf  # full-pool tokens per window token
+            return np.maximum(context_tokens, window * full_per_window)
+        return self.kv_full_groups * context_tokens + self.kv_window_groups * window
 
     def max_concurrency(self, *, isl: int, osl: int) -> int:
         """Requests of isl + osl tokens the pools hold at once (the KV bound, capped by running slots)."""
         if self.verdict != "ok":
             return 0
         per_request = self.kv_bytes_per_token * self.request_tokens(isl + osl) + self.state_bytes_per_request
-        pool = self.kv_tokens_per_rank * self.kv_bytes_per_token
+        pool = self.kv_usable_tokens_per_rank * self.kv_bytes_per_token
         per_rank = int(pool // per_request) if per_request else 0
         if self.max_running_requests_per_rank is not None:
             per_rank = min(per_rank, self.max_running_requests_per_rank)
@@ -201,30 +243,45 @@ def _drafter(model: ModelSpec, layout: Layout) -> tuple[ModelSpec | None, tuple[
 
 
 def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float:
-    """Cache bytes one token takes on one GPU of the stage holding `layers` (MLA latent on every
-    attention-TP rank; GQA heads split, at least one per GPU; the draft's layers added for EAGLE/MTP)."""
-    caching = len(layers) - model.layer_attention[layers.start : layers.stop : layers.step].count("linear")
+    """Cache bytes one pool token takes on one GPU of the stage holding `layers` (MLA latent on every
+    attention-TP rank; GQA heads split, at least one per GPU; the draft's layers added for EAGLE/MTP): one per
+    KV tensor of the stage (`stage_tensors`: its caching layers, or with vLLM's KV groups the largest group's). With
+    a window pool, a token of the full layers' pool comes with full_tokens_ratio tokens of the window pool: full +
+    ratio × sliding layers, or the sliding layers alone on a stage without full ones (pool_configurator.py
+    HybridSWAPoolConfigurator._recompute_cell_size; its MTP layers are full layers)."""
+    kinds = model.layer_attention[layers.start : layers.stop : layers.step]
     per_layer = model.kv_bytes_per_token_per_layer()
     if model.attention.kind == "gqa":
         kv_heads = model.attention.num_kv_heads
         per_gpu_heads = max(1, kv_heads // max(1, layout.attn_tp // layout.dcp))
         per_layer = per_layer * per_gpu_heads / kv_heads
-    cell = caching * per_layer
     spec = layout.options.spec
-    if spec and spec.algorithm in EAGLE_FAMILY and not spec.draft_model:
-        cell += cell * max(1, model.num_mtp_layers) / model.num_layers
-    return cell
+    mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and not spec.draft_model)
+    pool = layout.options.window_pool
+    if pool is not None and "sliding" in kinds:
+        full, sliding = kinds.count("full"), kinds.count("sliding")
+        cell = (full + (pool.full_tokens_ratio if full else 1.0) * sliding) * per_layer
+        return cell + (per_layer * max(1, model.num_mtp_layers) if mtp else 0.0)
+    cell = stage_tensors(model, layout, layers) * per_layer
+    return cell + (cell * max(1, model.num_mtp_layers) / model.num_layers if mtp else 0.0)
 
 
-_CELLS = Memo(256)  # per model (as its KV cache stores it), the cache bytes of a token on each stage
+_CELLS = Memo(256)  # per model (as its KV cache stores it), the cache bytes of a token and the KV tensors per stage
 
 
-def _stage_cells(model: ModelSpec, layout: Layout) -> list[float]:
-    """`kv_bytes_per_token` of each stage's layers, remembered by what it reads of the layout (a search sizes each
-    structure's KV cache with several option sets)."""
-    key = (layout.pp, layout.pp_extra_layers, layout.attn_tp, layout.dcp, layout.options.spec)
+def _stage_cells(model: ModelSpec, layout: Layout) -> tuple[list[float], list[int]]:
+    """`kv_bytes_per_token` and `stage_tensors` of each stage's layers, remembered by what they read of the layout
+    (a search sizes each structure's KV cache with several option sets)."""
+    opts = layout.options
+    key = (layout.pp, layout.pp_extra_layers, layout.attn_tp, layout.dcp, opts.spec, opts.window_pool, opts.window_kv)
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
-    return list(_CELLS.get((model,), key, lambda: tuple(kv_bytes_per_token(model, layout, r) for r in ranges)))
+
+    def sized() -> tuple[tuple[float, ...], tuple[int, ...]]:
+        cells = tuple(kv_bytes_per_token(model, layout, r) for r in ranges)
+        return cells, tuple(stage_tensors(model, layout, r) for r in ranges)
+
+    cells, tensors = _CELLS.get((model,), key, sized)
+    return list(cells), list(tensors)
 
 
 def activation_bytes(model: ModelSpec, layout: Layout, tokens: int, *, sampled: int) -> float:
@@ -247,7 +304,7 @@ def activation_bytes(model: ModelSpec, layout: Layout, tokens: int, *, sampled: 
     return tokens * per_token + logits
 
 
-def _runtime_bytes(layout: Layout, cluster: ClusterSpec) -> float:
+def runtime_bytes(layout: Layout, cluster: ClusterSpec) -> float:
     """Memory outside the weights, KV cache, activations and graphs: the measured default (one GPU, or several with
     their communicators), or what a start-up log of this machine showed (a calibrated non_torch_bytes)."""
     rt = runtime()
@@ -265,11 +322,10 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     opts = layout.options
     weights_of, model = model, with_kv_dtype(model, layout)  # the weights are the same whatever the KV cache stores
     capacity = cluster.gpu.memory_bytes
-    ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
     drafter, draft_warning = _drafter(model, layout)
     stage_components = _stage_weights(weights_of, layout, drafter)
     stage_weights = [sum(c.values()) for c in stage_components]
-    rt = _runtime_bytes(layout, cluster)
+    rt = runtime_bytes(layout, cluster)
     vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
     if opts.chunked_prefill_tokens is None or opts.memory_fraction is None:
         raise ValueError("layout lacks its engine's chunked-prefill size or memory fraction; build it with an engine")
@@ -278,26 +334,21 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     act = activation_bytes(model, layout, chunk, sampled=sampled)
     graph_batch = opts.cuda_graph_max_bs or 0
     graphs = activation_bytes(model, layout, graph_batch, sampled=graph_batch) if opts.cuda_graph else 0.0
-    fraction = opts.memory_fraction
-    kv_per_stage = []
-    for weights in stage_weights:
-        if opts.memory_fraction_of == "free_at_start":
-            kv_per_stage.append(fraction * (capacity - rt) - weights - vlm_cache)
-        else:
-            kv_per_stage.append(_total_share_pool(opts, capacity, weights=weights, rt=rt, act=act, graphs=graphs))
+    kv_per_stage = _stage_budgets(layout, capacity, stage_weights, rt=rt, act=act, graphs=graphs, vlm_cache=vlm_cache)
     kv = max(0.0, min(kv_per_stage))
-    cells = _stage_cells(model, layout)
+    cells, tensors = _stage_cells(model, layout)
     if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
         cells = [c + kv_bytes_per_token(drafter, layout, range(drafter.num_layers)) for c in cells]
-    page = opts.page_size or 1
-    caching = [c for c in cells if c > 0]  # a stage of linear-attention layers only caches no tokens
-    tokens = min(int(kv // c) // page * page for c in caching) * layout.dcp if kv > 0 and caching else 0
+    pools = [max(0.0, p) for p in kv_per_stage] if opts.kv_pool_per_stage else [kv] * layout.pp
+    rows, tokens, window_pool_tokens = _pool_tokens(layout, pools, cells, tensors)
+    held_back = opts.kv_null_blocks * (opts.page_size or 1) * layout.dcp if tokens else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
     gpu_stages, firsts = _gpu_stages(layout)
-    window_tokens, full_share = _window_kept(model, layout, ranges[worst])
+    window_tokens, groups = _window_kept(model, layout)
     verdict, reason, error = _verdict(
-        layout, capacity=capacity, weights=stage_weights[worst], rt=rt, kv=kv, tokens=tokens, cell=max(cells),
-        longest=_longest_request(model, layout, full_share if window_tokens else None),
+        layout, capacity=capacity, weights=stage_weights[worst], rt=rt, act=act, kv=kv, tokens=tokens,
+        usable=tokens - held_back, cell=max(cells), longest=_longest_request(model, layout, groups, window_tokens),
+        window_pool_tokens=window_pool_tokens,
     )  # fmt: skip
     state = model.linear_state_bytes / max(1, layout.attn_tp)
     return MemoryLedger(
@@ -314,11 +365,14 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         weights_by_component_bytes=stage_components[worst],
         kv_bytes_per_token=max(cells),
         kv_tokens_per_rank=tokens,
+        kv_held_back_tokens_per_rank=held_back,
         kv_tokens_total=tokens * layout.attn_dp * layout.replicas,
         state_bytes_per_request=state,
         kv_window_tokens=window_tokens,
-        kv_full_share=full_share,
-        max_running_requests_per_rank=_running_slots(model, layout, tokens),
+        kv_full_groups=groups[0],
+        kv_window_groups=groups[1],
+        kv_window_pool_tokens_per_rank=window_pool_tokens,
+        max_running_requests_per_rank=_running_slots(model, layout, rows),
         ranks=layout.attn_dp * layout.replicas,
         largest_fraction=None
         if opts.activations_in_budget
@@ -333,53 +387,109 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     )
 
 
-def _window_kept(model: ModelSpec, layout: Layout, layers: range) -> tuple[int | None, float]:
-    """Where the engine frees sliding-window blocks as the window passes them (vLLM's hybrid KV manager,
-    SlidingWindowManager.remove_skipped_blocks): the tokens a request keeps in those layers at most, whole
-    blocks covering window − 1 tokens plus the one being written, and the share of a token's bytes in the layers
-    that keep every token."""
-    if not layout.options.window_kv or not model.sliding_window:
-        return None, 1.0
-    full = sum(model.layer_attention[i] == "full" for i in layers)
-    sliding = sum(model.layer_attention[i] == "sliding" for i in layers)
-    if not sliding:
-        return None, 1.0
+def _stage_budgets(layout: Layout, capacity: float, stage_weights: list[float], *, rt: float, act: float,
+                   graphs: float, vlm_cache: float) -> list[float]:  # fmt: skip
+    """The KV budget of each stage's GPUs by the engine's rule, each with its own weights."""
+    opts = layout.options
+    assert opts.memory_fraction is not None
+    if opts.memory_fraction_of == "total":
+        return [_total_share_pool(opts, capacity, weights=w, rt=rt, act=act, graphs=graphs) for w in stage_weights]
+    world = layout.stage_gpus * layout.pp  # the ranks whose least free memory SGLang reads
+    return [_free_share_pool(opts.memory_fraction, free_before=capacity - rt, weights=w, world=world) - vlm_cache
+            for w in stage_weights]  # fmt: skip
+
+
+def _pool_tokens(
+    layout: Layout, pools: list[float], cells: list[float], tensors: list[int]
+) -> tuple[int, int, int | None]:
+    """What pools of `pools` bytes per GPU hold, with `cells` bytes per token and `tensors` KV tensors on each stage:
+    the rows of each rank's pool, whole pages that every stage's GPUs hold (SGLang's max_total_num_tokens: its PP
+    ranks take the least; vLLM's num_blocks, the least over workers, kv_cache_planning.py get_kv_cache_configs);
+    the tokens they serve (DCP interleaves each request's tokens over dcp ranks, where SGLang's window-pool
+    allocators do not: kv_cache_configurator.py logical_token_capacity); and the window pool's tokens, ratio × the
+    rows in whole pages (pool_configurator.py HybridSWAPoolConfigurator._solve_pool_sizes)."""
+    opts = layout.options
+    page = opts.page_size or 1
+    blocks = [stage_blocks(kv, cell_bytes=c, tensors=n, page=page, granule_bytes=opts.kv_granule_bytes)
+              for kv, c, n in zip(pools, cells, tensors, strict=True)
+              if c > 0]  # fmt: skip  # a stage of linear-attention layers only caches no tokens
+    rows = min(blocks) * page if blocks else 0
+    pool = opts.window_pool
+    if pool is None:
+        return rows, rows * layout.dcp, None
+    return rows, rows, int(rows * pool.full_tokens_ratio) // page * page
+
+
+def _window_kept(model: ModelSpec, layout: Layout) -> tuple[int | None, tuple[int, int]]:
+    """Where the engine frees sliding-window tokens as the window passes them, the tokens a request keeps in those
+    layers at most, and where both kinds of layer share one pool, the KV groups a request takes tokens in (those
+    that keep every token, those of sliding-window layers: `request_groups`): SGLang's window pool says what it
+    keeps (engines/sglang_swa.py); vLLM's hybrid KV manager (SlidingWindowManager.remove_skipped_blocks) keeps whole
+    blocks covering window − 1 tokens plus the one being written."""
+    if layout.options.window_pool is not None:
+        return layout.options.window_pool.kept_tokens, (1, 0)
+    groups = request_groups(model, layout)
+    if not groups[1] or not model.sliding_window:
+        return None, (1, 0)
     page = layout.options.page_size or 16
     kept = (-(-(model.sliding_window - 1) // page) + 1) * page
-    return kept, full / (full + sliding)
+    return kept, groups
 
 
-def _longest_fitting(longest: tuple[int, float, float, int, int], tokens: int) -> int:
-    """The longest max_model_len whose one request fits a pool of `tokens`: its need is
-    page × (share × ⌈L / page⌉ + (1 − share) × window blocks)."""
-    _, _, share, page, window_blocks = longest
-    if share >= 1.0:
-        return tokens
-    fixed = page * (1 - share) * window_blocks
-    return max(0, int((tokens - fixed) / share) // page * page)
+class _Longest(NamedTuple):
+    """One request of max_model_len as vLLM's start-up check counts it: its length, the pool tokens it takes (page ×
+    (full groups × its blocks + window groups × theirs)), the groups, the page and a window group's blocks."""
+
+    length: int
+    need: float
+    full_groups: int
+    window_groups: int
+    page: int
+    window_blocks: int
+
+
+def _longest_fitting(longest: _Longest, usable: int) -> int:
+    """The longest max_model_len whose one request fits `usable` pool tokens (the whole pool under DCP, whose
+    ranks each hold a 1 / dcp share of every request)."""
+    if not longest.window_groups:
+        return usable
+    fixed = longest.page * longest.window_groups * longest.window_blocks
+    return max(0, (usable - fixed) // longest.full_groups // longest.page * longest.page)
 
 
 def _longest_request(
-    model: ModelSpec, layout: Layout, full_share: float | None
-) -> tuple[int, float, float, int, int] | None:
+    model: ModelSpec, layout: Layout, groups: tuple[int, int], window_tokens: int | None
+) -> _Longest | None:
     """vLLM's start-up check that one request of max_model_len fits the pool (kv_cache_planning.py
-    max_memory_usage_bytes): (the longest request, the pool tokens it needs, the share of a token's bytes in
-    layers that keep every token, the page, the sliding layers' blocks). With the hybrid manager a
-    sliding-window layer needs only the window plus the tokens in flight (SlidingWindowSpec
+    _max_memory_usage_bytes_from_groups: the blocks each KV group needs, summed). With the hybrid manager a
+    sliding-window group needs only the window plus the tokens in flight (SlidingWindowSpec
     .max_admission_blocks_per_request: min(window − 1 + in-flight, max_model_len) tokens, in whole blocks, plus
-    one); in flight is one chunk per step the scheduler keeps going at once (two when it overlaps)."""
+    one); in flight is one chunk per step the scheduler keeps going at once (config/vllm.py max_concurrent_batches:
+    one per pipeline stage, and one more when it overlaps, as the default V2 model runner does)."""
     opts = layout.options
     longest = opts.max_model_len
     if not longest:
         return None
     page = opts.page_size or 16
-    if full_share is None or not model.sliding_window:
-        return longest, float(longest), 1.0, page, 0
-    in_flight = (2 if opts.overlap_schedule else 1) * (opts.chunked_prefill_tokens or 0)
+    if window_tokens is None or not model.sliding_window:
+        return _Longest(longest, float(longest), 1, 0, page, 0)
+    in_flight = (layout.pp + opts.overlap_schedule) * (opts.chunked_prefill_tokens or 0)
     held = min(model.sliding_window - 1 + in_flight, longest)
     blocks_full, blocks_window = -(-longest // page), -(-held // page) + 1
-    need = page * (full_share * blocks_full + (1 - full_share) * blocks_window)
-    return longest, need, full_share, page, blocks_window
+    full, window = groups
+    return _Longest(longest, page * (full * blocks_full + window * blocks_window), full, window, page, blocks_window)
+
+
+def _free_share_pool(fraction: float, *, free_before: float, weights: float, world: int) -> float:
+    """SGLang's pool, in whole bytes: what is free after the weights load less (1 − mem_fraction_static) × what was
+    free before (kv_cache_configurator.py _profile_available_bytes). With more than one GPU in its world (tp × pp)
+    SGLang reads both as the least over the ranks, sent as a float32 tensor (utils/common.py
+    get_available_gpu_memory(distributed=True)): 24 significant bits, so steps of 8 KiB between 64 and 128 GiB."""
+
+    def read(free_bytes: float) -> float:
+        return float(np.float32(free_bytes)) if world > 1 else free_bytes
+
+    return math.floor(read(free_before - weights) - (1 - fraction) * read(free_before))
 
 
 def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, rt: float, act: float,
@@ -411,17 +521,49 @@ def _gpu_stages(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return _GPU_STAGES.get((stages,), None, placed)
 
 
+Verdict = tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]  # verdict, reason, the engine's error
+
+
 def _verdict(
-    layout: Layout, *, capacity: float, weights: float, rt: float, kv: float, tokens: int, cell: float,
-    longest: tuple[int, float, float, int, int] | None = None,
-) -> tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]:  # fmt: skip
+    layout: Layout, *, capacity: float, weights: float, rt: float, act: float, kv: float, tokens: int, usable: int,
+    cell: float, longest: _Longest | None = None, window_pool_tokens: int | None = None,
+) -> Verdict:  # fmt: skip
+    """Whether the layout starts, in the order the engine finds out: the GPU runs out of memory, the pool has no
+    room, one longest request does not fit (vLLM), the window pool is too small (SGLang)."""
     opts = layout.options
+    page, pool = opts.page_size or 1, opts.window_pool
+    out = _out_of_memory(opts, capacity=capacity, weights=weights, rt=rt, act=act, kv=kv) or _no_kv_room(
+        opts, capacity=capacity, weights=weights, rt=rt, kv=kv, usable=usable
+    )
+    if out is None and longest and opts.activations_in_budget and usable < longest.need:
+        out = _too_short(longest, usable=usable, rank_bytes_per_token=cell / layout.dcp)
+    if out is None and pool is not None and window_pool_tokens is not None:
+        if pool.window_tokens + page >= window_pool_tokens:
+            out = _window_pool_too_small(pool, page, window_pool_tokens, full_tokens=tokens)
+    if out is None and tokens < 1:
+        out = ("no_kv_room", f"{kv / GiB:.2f} GiB of KV cache is less than one page", None)
+    return out or ("ok", None, None)
+
+
+def _out_of_memory(
+    opts: EngineOptions, *, capacity: float, weights: float, rt: float, act: float, kv: float
+) -> Verdict | None:
+    """The GPU itself runs out: loading the weights; in vLLM's profile run, at the activation peak, before any KV
+    sizing (v1/worker/gpu_worker.py determine_available_memory → profile_run: the torch allocator fails); or
+    allocating a KV pool the fraction asks for beyond what is free."""
+    needs = f"each GPU of the fullest stage needs {weights / GiB:,.1f} GiB of weights + {rt / GiB:.1f} GiB"
     if weights + rt > capacity:
         return (
             "oom",
-            f"each GPU of the fullest stage needs {weights / GiB:,.1f} GiB of weights + {rt / GiB:.1f} GiB "
-            f"for the CUDA stack, more than its {capacity / GiB:,.1f} GiB",
+            f"{needs} for the CUDA stack, more than its {capacity / GiB:,.1f} GiB",
             "torch.OutOfMemoryError: CUDA out of memory (while loading weights)",
+        )
+    if opts.activations_in_budget and weights + rt + act > capacity:
+        return (
+            "oom",
+            f"{needs} for the CUDA stack + {act / GiB:.1f} GiB at the activation peak of the profile run (a "
+            f"prefill chunk of {opts.chunked_prefill_tokens:,} tokens), more than its {capacity / GiB:,.1f} GiB",
+            "torch.OutOfMemoryError: CUDA out of memory (while profiling the activation peak)",
         )
     if kv > capacity - weights - rt:
         return (
@@ -431,6 +573,15 @@ def _verdict(
             "share of the GPU, at most 1 and in practice below what leaves activations room",
             "torch.OutOfMemoryError: CUDA out of memory (while allocating the KV cache)",
         )
+    return None
+
+
+def _no_kv_room(
+    opts: EngineOptions, *, capacity: float, weights: float, rt: float, kv: float, usable: int
+) -> Verdict | None:
+    """Nothing is left for the KV cache. SGLang: the weights take the fraction. vLLM: everything else takes the
+    utilization, or the pool holds no block beside its null block (kv_cache_planning.py
+    _check_enough_kv_cache_memory: available memory ≤ 0 once the null block is held back)."""
     if kv <= 0 and opts.memory_fraction_of == "free_at_start":
         minimum = weights / (capacity - rt)  # 1 - available / pre-load
         return (
@@ -442,26 +593,44 @@ def _verdict(
             f"(minimum viable = 1 - available/pre = {minimum:.4f}). If using speculative decoding, draft weights "
             "are now counted.",
         )
-    if kv <= 0:
+    if kv <= 0 or (opts.kv_null_blocks and usable <= 0):
+        left = "take all of" if kv <= 0 else "leave no block beside the null block within"
         return (
             "no_kv_room",
-            f"weights, activations and runtime take all of gpu_memory_utilization "
+            f"weights, activations and runtime {left} gpu_memory_utilization "
             f"{opts.memory_fraction} × {capacity / GiB:,.1f} GiB",
             "ValueError: No available memory for the cache blocks.",
         )
-    if longest and opts.activations_in_budget and tokens < longest[1]:
-        length, need, shorter = longest[0], longest[1], _longest_fitting(longest, tokens)
-        return (
-            "no_kv_room",
-            f"the KV pool holds {tokens:,} tokens, fewer than one request of max_model_len {length:,} needs "
-            f"({need:,.0f}); lower --max-model-len to at most {shorter:,}",
-            f"ValueError: To serve at least one request with the model's max seq len ({length}), "
-            f"({need * cell / GiB:.2f} GiB KV cache is needed, which is larger than the available "
-            f"KV cache memory ({kv / GiB:.2f} GiB).",
-        )
-    if tokens < 1:
-        return ("no_kv_room", f"{kv / GiB:.2f} GiB of KV cache is less than one page", None)
-    return "ok", None, None
+    return None
+
+
+def _too_short(longest: _Longest, *, usable: int, rank_bytes_per_token: float) -> Verdict:
+    """vLLM refuses a pool whose blocks, less the null block, cannot hold one request of max_model_len
+    (kv_cache_planning.py _check_enough_kv_cache_memory); its message gives both in one GPU's bytes."""
+    shorter = _longest_fitting(longest, usable)
+    return (
+        "no_kv_room",
+        f"the KV pool hands out {usable:,} tokens, fewer than one request of max_model_len {longest.length:,} needs "
+        f"({longest.need:,.0f}); lower --max-model-len to at most {shorter:,}",
+        f"ValueError: To serve at least one request with the model's max seq len ({longest.length}), "
+        f"({longest.need * rank_bytes_per_token / GiB:.2f} GiB KV cache is needed, which is larger than the "
+        f"available KV cache memory ({usable * rank_bytes_per_token / GiB:.2f} GiB).",
+    )
+
+
+def _window_pool_too_small(
+    pool: WindowPool, page: int, window_pool_tokens: int, *, full_tokens: int
+) -> tuple[Literal["no_kv_room"], str, str]:
+    """SGLang refuses a window pool that cannot take one request's window and a page (pool_configurator.py
+    MemoryPoolConfigurator.validate_swa_pool_size, run as the pools are sized)."""
+    return (
+        "no_kv_room",
+        f"the sliding-window layers' pool holds {window_pool_tokens:,} tokens ({pool.full_tokens_ratio:g} × the full "
+        f"layers' {full_tokens:,}), not more than one request's window of {pool.window_tokens:,} and a page",
+        f"ValueError: SWA pool ({window_pool_tokens} tokens) cannot hold even one request: the prefill admission "
+        f"floor is sliding_window_size ({pool.window_tokens}) + page_size ({page}). Increase "
+        "--swa-full-tokens-ratio or the total KV budget.",
+    )
 
 
 def _largest_fraction(capacity: float, rt: float, outside: float) -> float:
@@ -475,15 +644,17 @@ def _largest_fraction(capacity: float, rt: float, outside: float) -> float:
     return 1 - (outside + band) / (capacity - rt)
 
 
-def _running_slots(model: ModelSpec, layout: Layout, tokens: int) -> int:
-    """Request slots per attention-DP rank: the engine's limit, or, where the engine leaves it to the pool (SGLang
-    without --max-running-requests), resolve_max_num_reqs: tokens / context × 512 kept within 2048..4096. A
-    request needs at least two cache slots, so never more than tokens // 2."""
+def _running_slots(model: ModelSpec, layout: Layout, rows: int) -> int:
+    """Request slots per attention-DP rank from the `rows` of one rank's pool (max_total_num_tokens: under DCP each
+    rank's share of the interleaved tokens; with a window pool the full layers' pool): the engine's limit, or, where
+    the engine leaves it to the pool (SGLang without --max-running-requests), kv_cache_configurator.py
+    resolve_max_num_reqs: rows / context × 512 kept within 2048..4096; never more than rows // 2, as SGLang caps
+    both."""
     limit = layout.options.max_running_requests
     if limit is None:
-        context = model.max_position_embeddings or tokens
-        limit = max(min(int(tokens / context * 512), 4096), 2048)
-    return min(limit, tokens // 2)
+        context = model.max_position_embeddings or rows
+        limit = max(min(int(rows / context * 512), 4096), 2048)
+    return min(limit, rows // 2)
 
 
 def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, ...]:

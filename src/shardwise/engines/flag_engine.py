@@ -24,7 +24,7 @@ from shardwise.spec.weights import block_shapes
 class FlagEngine:
     name: ClassVar[str]
     display: ClassVar[str]  # "SGLang", "vLLM"
-    prog: ClassVar[str]  # what the engine's parser calls itself in its errors
+    prog: ClassVar[str]  # what the engine's parser calls itself in its errors (see `parser_name`)
     parser_source: ClassVar[str]
     rules: ClassVar[list[Rule]]
     supports_expert_parallel: ClassVar[bool] = True
@@ -212,11 +212,15 @@ class FlagEngine:
             count = min(count, len([d for d in visible.split(",") if d.strip()]))
         return count
 
+    def parser_name(self, version: Version, message: str) -> str:
+        """What the engine's argument parser calls itself in the error line of `message`, in this release."""
+        return self.prog
+
     def _argument_error(self, message: str, argv: list[str], version: Version, cluster: ClusterSpec) -> Setup:
         rejection = Rejection(
             rule="arguments",
             reason=f"{self.display}'s argument parser refuses the command: {message}" + self.hint(message, argv),
-            engine_error=f"{self.prog}: error: {message}",
+            engine_error=f"SystemExit: {self.parser_name(version, message)}: error: {message}",  # argparse, exit 2
             source=f"{self.name} {version} {self.parser_source}",
         )
         return Setup(

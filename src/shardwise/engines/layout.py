@@ -61,6 +61,21 @@ class SchedulerPolicy(Frozen):
     )
 
 
+class WindowPool(Frozen):
+    """Sliding-window layers that keep their tokens in a pool of their own, sized as a share of the full-attention
+    layers' pool (SGLang's hybrid SWA memory: model_executor/pool_configurator.py HybridSWAPoolConfigurator)."""
+
+    full_tokens_ratio: float = Field(
+        description="tokens of the sliding-window pool per token of the full layers' pool (--swa-full-tokens-ratio)"
+    )
+    window_tokens: int = Field(ge=1, description="the window the engine's attention reads (its sliding_window_size)")
+    kept_tokens: int = Field(
+        ge=1,
+        description="tokens one request keeps in the sliding-window pool at most: its window, the tokens that pass "
+        "out of it before the engine frees them, and the pages being written",
+    )
+
+
 class EngineOptions(Frozen):
     """Engine settings that change cost or memory, as they take effect (after the engine's rewrites)."""
 
@@ -95,6 +110,21 @@ class EngineOptions(Frozen):
         description="(floor bytes, share of the activation peak) kept free when the engine sizes the KV cache from "
         "the memory measured after CUDA-graph capture (vLLM's extensible KV cache); None where it does not",
     )
+    kv_granule_bytes: int | None = Field(
+        None,
+        description="each KV-cache tensor is mapped in whole granules of this many bytes, so a stage's pool holds "
+        "the blocks that fit each tensor's whole granules (vLLM's extensible KV cache); None: the pool's bytes are "
+        "used whole",
+    )
+    kv_pool_per_stage: bool = Field(
+        False,
+        description="each pipeline stage sizes its pool from its own free memory and its own bytes per block, and "
+        "every stage keeps the fewest blocks any holds (vLLM); otherwise every rank sizes from the least memory "
+        "any rank has free (SGLang)",
+    )
+    kv_null_blocks: int = Field(
+        0, ge=0, description="blocks of the pool the engine never hands to a request (vLLM's null block)"
+    )
     kv_cache_bytes: float | None = Field(None, description="a KV cache size the command fixes (per GPU)")
     fraction_reserve_bytes: float = Field(
         0.0, description="memory the engine keeps outside its fraction for needs the ledger does not size (bytes)"
@@ -105,6 +135,9 @@ class EngineOptions(Frozen):
     page_size: int | None = None
     window_kv: bool = Field(
         False, description="sliding-window layers keep only the blocks their window reaches (vLLM's hybrid KV manager)"
+    )
+    window_pool: WindowPool | None = Field(
+        None, description="sliding-window layers keep their tokens in a pool of their own (SGLang's hybrid SWA memory)"
     )
     spec: SpecDecode | None = None
     scheduler: SchedulerPolicy = SchedulerPolicy(mixed_batches=False, evict="newest")

@@ -20,6 +20,7 @@ from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, Spe
 from shardwise.engines.sglang_memory import attn_dp_padding_mib, auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
 from shardwise.engines.sglang_support import mla_decode_backend
+from shardwise.engines.sglang_swa import window_pool
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
@@ -245,6 +246,7 @@ def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
         memory_fraction_of="free_at_start",
         prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),
         page_size=f["page_size"],
+        window_pool=window_pool(f, model),
         spec=spec,
         scheduler=_scheduler(bool(f.get("enable_mixed_chunk"))),
     )
@@ -290,9 +292,14 @@ def _dcp_comm(f: dict[str, Any]) -> dict[str, Any]:
 @register_engine("sglang")
 class SGLang(FlagEngine):
     display: ClassVar[str] = "SGLang"
-    prog: ClassVar[str] = "launch_server.py"
+    prog: ClassVar[str] = "sglang serve"  # server_args.py prepare_server_args: ArgumentParser(prog="sglang serve")
     parser_source: ClassVar[str] = "server_args.py (argparse, allow_abbrev on)"
     rules: ClassVar[list[Rule]] = RULES
+
+    def parser_name(self, version: Version, message: str) -> str:
+        """0.5.14 named the parser; before, argparse took the script's name (python -m sglang.launch_server)."""
+        return self.prog if version >= Version("0.5.14") else "launch_server.py"
+
     kv_budget: ClassVar[str] = "of_total"  # mem_fraction_static × the GPU's memory at start-up
     option_variants: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = (
         ("CUDA graphs off", {"disable_cuda_graph": True}),

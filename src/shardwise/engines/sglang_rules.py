@@ -65,9 +65,9 @@ def attn_cp_divides_tp(ctx: Context) -> Rejection | None:
 
 def _inconsistent_moe(ctx: Context, rule: str, reason: str) -> Rejection:
     """From 0.5.21 the launcher publishes the parallel topology before it spawns anything and refuses one whose MoE
-    split does not multiply back to tp (runtime_context.py _validate_parallel, called by publish from
-    entrypoints/engine.py _launch_subprocesses): EP wider than tp, or not dividing it, fails there, before any
-    weight loads."""
+    split does not multiply back to tp (runtime_context.py _validate_parallel, run by the first
+    override_permanently of _configure_context as entrypoints/engine.py _launch_subprocesses publishes it): EP wider
+    than tp, or not dividing it, fails there, before any weight loads."""
     f = ctx.flags
     tp, ep, mdp = f["tp_size"], f["ep_size"], f["moe_dp_size"]
     moe_tp = tp // ep // mdp
@@ -76,10 +76,14 @@ def _inconsistent_moe(ctx: Context, rule: str, reason: str) -> Rejection:
         stage="arguments",
         reason=reason,
         engine_error=(
-            "ValueError: parallel topology is inconsistent (set by publish):\ntp_size == moe_ep_size * moe_dp_size * "
-            f"moe_tp_size\n  {tp} != {ep} * {mdp} * {moe_tp} (= {ep * mdp * moe_tp})"
+            "ValueError: parallel topology is inconsistent (set by override_permanently):\ntp_size == moe_ep_size * "
+            f"moe_dp_size * moe_tp_size\n  {tp} != {ep} * {mdp} * {moe_tp} (= {ep * mdp * moe_tp})"
         ),
-        source=_src(ctx, "runtime_context.py _validate_parallel (publish, in entrypoints/engine.py)"),
+        source=_src(
+            ctx,
+            "runtime_context.py _validate_parallel, from ParallelContext.override_permanently as "
+            "_configure_context publishes the topology (entrypoints/engine.py _launch_subprocesses)",
+        ),
     )
 
 

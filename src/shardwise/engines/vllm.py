@@ -80,13 +80,15 @@ def effective_flags(
 
 
 def _kv_sizing(f: dict[str, Any], sizing: dict[str, Any], *, cluster: ClusterSpec, version: Version) -> list[Note]:
-    """The release's KV sizing: utilization, block size, and 0.34's extensible cache, which is off where the
-    command fixes the cache's size itself (config/vllm.py _resolve_extensible_kv_cache) or turns it off."""
+    """The release's KV sizing: utilization, block size, the null block, and 0.34's extensible cache (its margin
+    and granules), which is off where the command fixes the cache's size itself (config/vllm.py
+    _resolve_extensible_kv_cache) or turns it off."""
     fixed = f.get("kv_cache_memory_bytes") is not None or f.get("num_gpu_blocks_override") is not None
     extensible = "margin_fraction" in sizing and f.get("enable_extensible_kv_cache") is not False and not fixed
     if f.get("gpu_memory_utilization") is None:
         f["gpu_memory_utilization"] = sizing["default_utilization"] if extensible else 0.92
     f.setdefault("block_size", sizing["default_block_size"])
+    f["kv_null_blocks"] = sizing.get("null_blocks", 0)
     if not extensible:
         return []
     rocm = cluster.gpu.vendor == "amd"
@@ -94,6 +96,7 @@ def _kv_sizing(f: dict[str, Any], sizing: dict[str, Any], *, cluster: ClusterSpe
         sizing["margin_floor_gib_rocm" if rocm else "margin_floor_gib"] * 2**30,
         sizing["margin_fraction"],
     )
+    f["kv_granule_bytes"] = sizing["granule_mib"] * 2**20
     return [
         Note(
             kind="rewrite",
@@ -134,6 +137,9 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         max_running_requests=f["max_num_seqs"],
         memory_fraction=f["gpu_memory_utilization"],
         kv_margin=f.get("kv_margin"),
+        kv_granule_bytes=f.get("kv_granule_bytes"),
+        kv_pool_per_stage=True,  # v1/core/kv_cache_planning.py get_kv_cache_configs: the fewest of any worker
+        kv_null_blocks=f.get("kv_null_blocks", 0),
         kv_cache_bytes=f.get("kv_cache_memory_bytes"),
         memory_fraction_of="total",
         activations_in_budget=True,
@@ -232,6 +238,11 @@ class VLLM(FlagEngine):
         given.pop("model_tag", None)
         given.pop("model", None)
         return given
+
+    def parser_name(self, version: Version, message: str) -> str:
+        """`vllm serve` is a subcommand: its own options' errors name it, but arguments it does not know are left
+        over for the top-level `vllm` parser, which refuses them (argparse parse_args after parse_known_args)."""
+        return "vllm" if message.startswith("unrecognized arguments") else self.prog
 
     def hint(self, message: str, argv: list[str]) -> str:
         if any(a in ("-ep", "--enable-expert-parallel") for a in argv) and "unrecognized arguments" in message:

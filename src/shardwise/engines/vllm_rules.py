@@ -56,6 +56,23 @@ def kv_heads_split(ctx: Context) -> Rejection | None:
     )
 
 
+def kv_heads_per_rank(ctx: Context) -> Rejection | None:
+    """gpt-oss's attention gives each rank num_key_value_heads // tp KV heads, with no replication past one per rank
+    as QKVParallelLinear has (models/gpt_oss.py OAIAttention.__init__): past tp = KV heads that is 0, and the
+    Attention layer divides its heads by it while the model is built (attention.py: num_heads % num_kv_heads)."""
+    att, tp = ctx.model.attention, ctx.flags["tensor_parallel_size"]
+    if ctx.model.architecture != "GptOssForCausalLM" or tp <= att.num_kv_heads:
+        return None
+    return Rejection(
+        rule="kv_heads_per_rank",
+        stage="load",
+        reason=f"gpt-oss gives each rank {att.num_kv_heads} // tp {tp} = 0 KV heads (its attention does not replicate "
+        f"them); use tp ≤ {att.num_kv_heads} and data parallelism beyond",
+        engine_error="ZeroDivisionError: integer division or modulo by zero",
+        source=_src(ctx, "model_executor/models/gpt_oss.py OAIAttention.__init__ (num_local_key_value_heads)"),
+    )
+
+
 def ep_needs_moe(ctx: Context) -> Rejection | None:
     if not ctx.flags.get("enable_expert_parallel") or ctx.model.moe is not None:
         return None
@@ -200,7 +217,8 @@ def dbo_backend(ctx: Context) -> Rejection | None:
     return Rejection(
         rule="dbo_backend",
         reason=f"--enable-dbo splits the batch around a DeepEP or NIXL EP all-to-all; --all2all-backend is {backend}",
-        engine_error="AssertionError: Microbatching currently only supports the "
+        engine_error="ValidationError: 1 validation error for VllmConfig\n  Assertion failed, Microbatching currently "
+        "only supports the "
         f"{', '.join(supported)} all2all backends on this platform. {backend} is not supported. To fix use one of "
         f"{', '.join('--all2all-backend=' + b for b in supported)} and install the matching kernels.",
         source=_src(ctx, "config/vllm.py VllmConfig.__post_init__"),
@@ -326,6 +344,7 @@ def enough_gpus(ctx: Context) -> Rejection | None:
 RULES: list[Rule] = [
     heads_divisible,
     kv_heads_split,
+    kv_heads_per_rank,
     ep_needs_moe,
     dcp_rules,
     eplb_rules,

@@ -97,7 +97,7 @@ class Simulation:
         self.ranks_per_instance = max(1, memory.ranks // layout.replicas)
         self.replicas = layout.replicas
         self.scale = self.ranks_per_instance * layout.replicas  # requests per rank → StepTimes' whole-layout view
-        self.pool = memory.kv_tokens_per_rank
+        self.pool = memory.kv_usable_tokens_per_rank  # less what the engine holds back (vLLM: its null block)
         self.slots = memory.max_running_requests_per_rank or 1 << 30
         self.chunk = layout.options.chunked_prefill_tokens or 8192
         self.tau = steps.tokens
