@@ -53,8 +53,15 @@ fi
 start=$SECONDS
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install --quiet --no-deps --only-binary=:all: "${PINS[@]}" 2>&1 \
-  | grep -v "^WARNING: Location 'file" || true
+# pip's own output is shown, less the harmless "Location 'file:...' is ignored"
+# warnings the find-links setup prints; a failed install stops here with pip's
+# error above (pipefail carries pip's status through the filter). Without the
+# stamp, the next run starts again from an empty venv.
+if ! "$VENV/bin/pip" install --quiet --no-deps --only-binary=:all: "${PINS[@]}" 2>&1 \
+    | { grep -v "^WARNING: Location 'file" || true; }; then
+  echo "vllm-$VERSION: pip install failed (its error is above); $VENV is incomplete" >&2
+  exit 1
+fi
 # Sanity: the wheel and torch are what we asked for, and torch is the CPU build.
 "$VENV/bin/python" - "$VERSION" <<'EOF'
 import sys, importlib.metadata as md, torch

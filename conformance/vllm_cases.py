@@ -9,18 +9,23 @@ import os
 
 MODELS_DIR = os.path.join(os.path.dirname(__file__), "..", "src", "shardwise", "data", "models")
 MODELS = ["kimi-k2.6", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-70b"]
+# sm_count / nvlink / p2p: the box's real topology (the SXM boards are NVLinked;
+# the RTX PRO 6000 server is PCIe-only with P2P on).
 GPUS = {
-    "H100": {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 8, "capability": [9, 0]},
-    "H200": {"name": "NVIDIA H200", "memory_mib": 143771, "count": 8, "capability": [9, 0]},
+    "H100": {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 8, "capability": [9, 0],
+             "sm_count": 132, "nvlink": True, "p2p": True},
+    "H200": {"name": "NVIDIA H200", "memory_mib": 143771, "count": 8, "capability": [9, 0],
+             "sm_count": 132, "nvlink": True, "p2p": True},
     "RTXPRO6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                   "memory_mib": 97887, "count": 8, "capability": [12, 0]},
+                   "memory_mib": 97887, "count": 8, "capability": [12, 0],
+                   "sm_count": 188, "nvlink": False, "p2p": True},
 }
 DP = ["--data-parallel-size", "16", "--data-parallel-size-local", "8",
       "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"]
 
 
 def cases():
-    for gname, gpu in GPUS.items():
+    for gname in GPUS:
         for m in MODELS:
             yield gname, m, ["-tp", "8"]
     per_model = [

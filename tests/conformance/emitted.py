@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardwise.cost.memory import memory_ledger, runtime_bytes
 from shardwise.decide.search import search
-from shardwise.engines.check import check_command
+from shardwise.engines.check import Checked, check_command
 from shardwise.engines.flags import flag_table, split_command
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import ClusterSpec, load_cluster
@@ -89,19 +90,44 @@ def emitted(model_name: str, cluster_name: str, engine: str, version: str) -> li
 
 
 def gpu_spec(cluster: ClusterSpec) -> dict[str, Any]:
-    """The GPU as the engine's probes see it: name, memory nvidia-smi reports, capability, GPUs on this node."""
+    """The GPU as the engine's probes see it: name, memory nvidia-smi reports, capability, SMs, GPUs on this node,
+    and how they are joined (NVLink or not, peer-to-peer on or off)."""
     gpu = cluster.gpu
     major, minor = (int(x) for x in gpu.compute_capability.value.split("."))
+    if gpu.sm_count is None:
+        raise ValueError(f"{gpu.name} has no sm_count: the engines read it (add it to its profile, with a source)")
     return {"name": gpu.display_name, "memory_mib": round(gpu.memory_bytes / 2**20), "count": cluster.gpus_per_node,
-            "capability": [major, minor]}  # fmt: skip
+            "capability": [major, minor], "sm_count": int(gpu.sm_count.value),
+            "nvlink": cluster.intra.link.kind == "nvlink", "p2p": cluster.intra.p2p}  # fmt: skip
+
+
+def memory_inputs(checked: Checked, cluster: ClusterSpec) -> dict[str, Any] | None:
+    """What the engine would measure on the GPU while it starts, as shardwise estimates it (per GPU, bytes), for the
+    oracle to fake so that the engine sizes its KV pool with its own code: the memory free before the weights load
+    (SGLang sizes from it), the weights of each pipeline stage, and what vLLM's profiling would find beyond them
+    (non-torch memory, the activation peak, CUDA graphs). What the engine reserves by its own rules (SGLang's
+    multimodal cache) it subtracts itself. The pool compared is then the engine's arithmetic, cell size, layer split
+    and rounding on shardwise's estimates. None where shardwise has no layout for the command."""
+    layout = checked.setup.layout
+    if layout is None:
+        return None
+    ledger = memory_ledger(checked.model, layout, cluster)
+    outside = runtime_bytes(layout, cluster)  # CUDA context, communicators: in use before the weights load
+    return {"capacity_bytes": round(ledger.capacity_bytes), "free_before_load_bytes": round(ledger.capacity_bytes
+            - outside), "weights_bytes": [round(w) for w in ledger.stage_weights_bytes],
+            "non_torch_bytes": round(outside), "activation_peak_bytes": round(ledger.activation_bytes),
+            "cuda_graph_bytes": round(ledger.cuda_graph_bytes)}  # fmt: skip
 
 
 def ask(engine: str, version: str, items: list[tuple[Emitted, ClusterSpec]]) -> list[dict[str, Any]]:
-    """The engine's own answer for each command, from one oracle process: ok / error and the resolved
-    configuration."""
+    """The engine's own answer for each command, from one oracle process: ok, or how it refused (its stage, the
+    exception and message), or that the oracle itself crashed; the resolved configuration; and the KV pool the
+    engine sizes from shardwise's memory estimates (`memory_inputs`)."""
     python = oracle_python(engine, version)
     script = ROOT / "conformance" / ORACLES[(engine, version)][1]
-    batch = "".join(json.dumps({"argv": list(e.argv), "gpu": gpu_spec(c)}) + "\n" for e, c in items)
+    requests = [{"argv": list(e.argv), "gpu": gpu_spec(c), "memory": memory_inputs(shardwise_check(e, c), c)}
+                for e, c in items]  # fmt: skip
+    batch = "".join(json.dumps({k: v for k, v in r.items() if v is not None}) + "\n" for r in requests)
     done = subprocess.run([str(python), str(script)], input=batch, capture_output=True, text=True, check=False,
                           timeout=6 * 3600)  # fmt: skip
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -111,6 +137,11 @@ def ask(engine: str, version: str, items: list[tuple[Emitted, ClusterSpec]]) -> 
     return lines
 
 
+def shardwise_check(e: Emitted, cluster: ClusterSpec) -> Checked:
+    """What `shardwise check` makes of the same command: the setup and the model."""
+    return check_command(list(e.command), cluster=cluster, version=e.version)
+
+
 def shardwise_view(e: Emitted, cluster: ClusterSpec) -> Any:
-    """What `shardwise check` makes of the same command."""
-    return check_command(list(e.command), cluster=cluster, version=e.version).setup
+    """The setup `shardwise check` makes of the same command."""
+    return shardwise_check(e, cluster).setup

@@ -1,13 +1,20 @@
 """Every command shardwise emits, checked by the real SGLang and vLLM packages (conformance/README.md).
 
 For each command the engine's own parser and start-up resolution run on faked GPUs (SGLang: prepare_server_args →
-resolution → check_server_args; vLLM: make_arg_parser → create_engine_config). Then:
-- what the engine refuses, shardwise refuses;
-- what shardwise refuses with a check the engine makes at that point (stage "arguments"), the engine refuses;
-  refusals shardwise knows to come later (at model load, or at the first steps) the oracle cannot see;
-- where both accept it, the sizes the engine resolves are shardwise's: SGLang's memory fraction, chunked-prefill
-  size, CUDA-graph batch, running-request cap, EP / attention-DP / replica sizes, page size; vLLM's memory
-  utilization, batched-token budget, sequence cap, max_model_len, KV block size, CUDA-graph batch.
+resolution → check_server_args; vLLM: make_arg_parser → create_engine_config, then the model built on the meta
+device), and then its own KV-pool sizing, from the memory shardwise estimates the engine would measure
+(emitted.memory_inputs). Then:
+- an answer the engine never gave (the oracle, a stub or a fake crashed) is an error of the suite, never a refusal;
+- what the engine refuses, shardwise refuses at the same stage (resolving the arguments; building the model) and
+  for the same reason: the same exception, and shardwise's message in the engine's;
+- what shardwise refuses while resolving the arguments, the engine refuses; what it refuses later (at model load,
+  or at the first steps) resolves its arguments in the engine;
+- where both resolve it, the sizes the engine resolves are shardwise's: SGLang's memory fraction, chunked-prefill
+  size, CUDA-graph batch, running-request cap, EP / attention-DP / replica sizes, page size, DCP backend; vLLM's
+  memory utilization, batched-token budget, sequence cap, max_model_len, KV block size, CUDA graphs and their
+  batch;
+- where shardwise says it starts, the engine's KV pool holds as many tokens per attention-DP rank within one page,
+  or neither has room, for the same reason.
 
 By default a slice runs (the user's case and one of each other kind); SHARDWISE_CONFORMANCE=full runs all five
 models on all four clusters and both vLLM releases, SHARDWISE_CONFORMANCE=ci the part CI has time for. Without
@@ -19,19 +26,21 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter
 from functools import cache
 from pathlib import Path
 
 import pytest
 from emitted import MODELS as MODEL_DIRS
-from emitted import Emitted, _argv, ask, emitted, oracle_python, shardwise_view
+from emitted import Emitted, _argv, ask, emitted, oracle_python, shardwise_check, shardwise_view
 
-from shardwise.engines.base import Setup
-from shardwise.engines.check import check_command
+from shardwise.cost.memory import memory_ledger
+from shardwise.engines.base import Rejection, Setup
+from shardwise.engines.check import Checked, check_command
 from shardwise.engines.flags import split_command
 from shardwise.errors import SpecError
-from shardwise.spec.cluster import load_cluster
+from shardwise.spec.cluster import ClusterSpec, load_cluster
 
 MODELS = ["kimi-k2.6", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-70b"]
 CLUSTERS = ["8xrtx-pro-6000", "8xh100", "8xh200", "2x8xh100"]
@@ -45,11 +54,13 @@ SLICE = [
     ("deepseek-v3", "2x8xh100", "sglang", "0.5.23"),
     ("qwen3-235b-a22b", "2x8xh100", "vllm", "0.33.0"),
 ]
-CI = [  # what CI's time allows: the user's case on both engines' default releases, and a multi-node launch
+CI = [  # what CI's time allows: the user's case on each engine release, and a multi-node launch
     ("kimi-k2.6", "8xrtx-pro-6000", "sglang", "0.5.23"),
     ("kimi-k2.6", "8xrtx-pro-6000", "vllm", "0.33.0"),
+    ("kimi-k2.6", "8xrtx-pro-6000", "vllm", "0.34.0"),
     ("llama-3.1-70b", "2x8xh100", "sglang", "0.5.23"),
 ]
+ARGUMENT_STAGES = ("parse", "post_init", "resolve", "check", "publish", "config")  # the oracles' stages before any load
 CASES = {
     "full": [(m, c, e, v) for m in MODELS for c in CLUSTERS for e, v in ENGINES],
     "ci": CI,
@@ -85,42 +96,134 @@ def sglang_sizes(setup: Setup, resolved: dict) -> list[tuple[str, object, object
 
 
 def vllm_sizes(setup: Setup, resolved: dict) -> list[tuple[str, object, object]]:
+    """vLLM's resolved sizes against shardwise's. --max-model-len auto (-1) is fitted to the pool later, which
+    both record as such; CUDA graphs off is eager mode, with no capture size."""
     f, layout = setup.flags, setup.layout
     assert layout is not None
     opts = layout.options
-    max_len = resolved["max_model_len"] if opts.max_model_len is not None else None  # auto: fitted later
+    graphs = resolved["cudagraph_mode"] not in (None, "NONE") and not resolved["enforce_eager"]
+    auto = resolved.get("original_max_model_len") == -1
     return [
         ("gpu_memory_utilization", opts.memory_fraction,  # 0.33 has no resolved_ property: its field is the value
          resolved.get("resolved_gpu_memory_utilization") or resolved["gpu_memory_utilization"]),
         ("max_num_batched_tokens", f["max_num_batched_tokens"], resolved["max_num_batched_tokens"]),
         ("max_num_seqs", f["max_num_seqs"], resolved["max_num_seqs"]),
-        ("max_model_len", opts.max_model_len, max_len),
+        ("max_model_len", opts.max_model_len or "auto", "auto" if auto else resolved["max_model_len"]),
         ("block_size", opts.page_size, resolved["block_size"]),
-        ("cuda_graph_max_bs", opts.cuda_graph_max_bs, resolved["max_cudagraph_capture_size"] if opts.cuda_graph
-         else None),
+        ("cuda_graphs", opts.cuda_graph, graphs),
+        ("cuda_graph_max_bs", opts.cuda_graph_max_bs if opts.cuda_graph else None,
+         resolved["max_cudagraph_capture_size"] if graphs else None),
     ]  # fmt: skip
 
 
-def disagreements(items: list[tuple[Emitted, object]], answers: list[dict]) -> list[str]:
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9_.]+", text.lower())
+
+
+def same_reason(rejection: Rejection | None, refusal: dict) -> bool:
+    """The engine refused as shardwise says it does: the same exception type, and shardwise's message (its first
+    sentence, at most twelve words) found word for word in the engine's (punctuation and line breaks aside: the
+    oracle joins a message's lines). A rejection without the engine's error says nothing to compare."""
+    if rejection is None or rejection.engine_error is None:
+        return False
+    kind, _, message = rejection.engine_error.partition(": ")
+    ours, theirs = _words(re.split(r"(?<=[.;])\s", message)[0])[:12], _words(refusal["message"])
+    found = any(theirs[i : i + len(ours)] == ours for i in range(len(theirs) - len(ours) + 1))
+    return kind == refusal["type"] and bool(ours) and found
+
+
+def _refusal_text(refusal: dict) -> str:
+    return f"{refusal['stage']}: {refusal['type']}: {refusal['message'][:300]}"
+
+
+def disagreements(items: list[tuple[Emitted, ClusterSpec]], answers: list[dict]) -> list[str]:
+    """Where shardwise and the engine part ways on a command: whether it starts, why not (the stage, the exception
+    and its message), the sizes the engine resolves, and the KV pool it sizes from the same memory figures."""
     out = []
     for (e, cluster), answer in zip(items, answers, strict=True):
-        setup = shardwise_view(e, cluster)
-        if not answer["ok"]:
-            if setup.valid:
-                out.append(f"engine refuses, shardwise accepts: {e.text}\n    {answer['error']}")
+        checked = shardwise_check(e, cluster)
+        setup, refusal = checked.setup, answer["refusal"]
+        stage = "arguments" if refusal and refusal["stage"] in ARGUMENT_STAGES else (refusal or {}).get("stage")
+        if _out_of_memory(answer):
+            stage = "memory"  # the GPU, faked from shardwise's figures, ran out: compared with the memory verdict
+        if stage in ("arguments", "load"):  # the engine refuses the command itself, resolving it or building the model
+            same_stage = [r for r in setup.rejections if r.stage == stage]
+            if not same_stage:
+                where = f"at {setup.rejections[0].stage}" if setup.rejections else "nowhere"
+                out.append(f"engine refuses at {stage}, shardwise {where}: {e.text}\n    {_refusal_text(refusal)}")
+            elif not any(same_reason(r, refusal) for r in same_stage):
+                out.append(f"refusal reason: shardwise {same_stage[0].rule}: {same_stage[0].engine_error!r}, the "
+                           f"engine {_refusal_text(refusal)}: {e.text}")  # fmt: skip
             continue
         early = [r for r in setup.rejections if r.stage == "arguments"]
         if early:
             out.append(f"shardwise refuses ({early[0].rule}), the engine accepts: {e.text}\n    {early[0].reason}")
             continue
-        if not setup.valid:
-            continue  # refused later than the oracle can see (model load, first steps)
+        # the arguments resolve on both sides (shardwise may still refuse at model load or at the first steps)
+        if setup.layout is None:
+            continue  # shardwise has no layout to size: a refusal it places later (each cites its engine source)
         sizes = sglang_sizes if e.engine == "sglang" else vllm_sizes
-        for name, ours, theirs in sizes(setup, answer["resolved"]):
+        for name, ours, theirs in sizes(setup, answer["resolved"]) if answer["resolved"] is not None else ():
             same = math.isclose(ours, theirs, rel_tol=1e-9) if isinstance(ours, float) and theirs else ours == theirs
             if not same:
                 out.append(f"{name}: shardwise {ours!r}, the engine {theirs!r}: {e.text}")
+        if setup.valid:
+            out += kv_pool_disagreements(e, checked, cluster, answer)
     return out
+
+
+def kv_pool_disagreements(e: Emitted, checked: Checked, cluster: ClusterSpec, answer: dict) -> list[str]:
+    """The KV pool the engine sizes with its own code from the memory shardwise estimates (emitted.memory_inputs)
+    against shardwise's: the same verdict, the same reason where neither has room, and the same tokens per
+    attention-DP rank within the engine's own rounding: one page of each DCP rank (SGLang reads the free memory it
+    sizes from as a float32 tensor where several GPUs agree on it, a few hundred bytes off)."""
+    ledger = memory_ledger(checked.model, checked.setup.layout, cluster)
+    refusal, pool = answer["refusal"], answer.get("kv_pool")
+    sized = refusal is None and (pool or {}).get("tokens_per_rank") is not None
+    if ledger.verdict == "oom":  # the weights, or the profile run's activations, do not fit
+        if sized or (refusal is not None and not _out_of_memory(answer)):
+            what = f"sizes {pool['tokens_per_rank']:,} tokens" if sized else _refusal_text(refusal)
+            return [f"kv pool: shardwise runs out of memory ({ledger.reason}), the engine {what}: {e.text}"]
+        return []  # the engine runs out too (vLLM's simulated GPU), or finds the weights beyond it (SGLang)
+    if _out_of_memory(answer):
+        return [f"kv pool: the engine runs out of memory ({_refusal_text(refusal)}), shardwise says {ledger.verdict}: "
+                f"{e.text}"]  # fmt: skip
+    if ledger.verdict == "no_kv_room":
+        if refusal is None:
+            return [f"kv pool: shardwise finds no room ({ledger.reason}), the engine sizes {pool}: {e.text}"]
+        if ledger.engine_error and not same_reason(_ledger_rejection(ledger), refusal):
+            return [f"kv pool refusal: shardwise {ledger.engine_error!r}, the engine {_refusal_text(refusal)}: "
+                    f"{e.text}"]  # fmt: skip
+        return []
+    if refusal is not None:
+        return [f"kv pool: the engine finds no room ({_refusal_text(refusal)}), shardwise sizes "
+                f"{ledger.kv_tokens_per_rank:,} tokens per rank: {e.text}"]  # fmt: skip
+    if pool is None or pool.get("tokens_per_rank") is None:
+        return [f"kv pool: the oracle sized nothing ({(pool or {}).get('not_sized')}): {e.text}"]
+    theirs = pool.get("logical_tokens_per_rank") or pool["tokens_per_rank"]
+    page = checked.setup.layout.options.page_size or 1
+    if abs(theirs - ledger.kv_tokens_per_rank) > page * checked.setup.layout.dcp:  # SGLang's float32 free memory
+        return [f"kv pool: shardwise {ledger.kv_tokens_per_rank:,} tokens per rank, the engine {theirs:,} "
+                f"(cell {ledger.kv_bytes_per_token:,.0f} against {pool.get('cell_bytes_per_token')} bytes per token; "
+                f"unchecked: {pool.get('unchecked')}): {e.text}"]  # fmt: skip
+    return []
+
+
+def _out_of_memory(answer: dict) -> bool:
+    """The engine ran out of the memory the oracle gave its faked GPU (vLLM's oracle simulates the device's
+    allocations): a memory verdict, not a rule."""
+    return (answer["refusal"] or {}).get("by") == "device"
+
+
+def _ledger_rejection(ledger) -> Rejection:
+    return Rejection(rule="kv_pool", reason=ledger.reason or "", engine_error=ledger.engine_error, source="ledger",
+                     stage="load")  # fmt: skip
+
+
+def crashes(items: list[tuple[Emitted, dict]]) -> list[str]:
+    """Answers the engine never gave: the oracle, a stub or a fake failed (an error of the suite, not a refusal)."""
+    return [f"{a['crash']['where']}: {a['crash']['type']}: {a['crash']['message'][:300]}: {e.text}"
+            for e, a in items if a.get("crash")]  # fmt: skip
 
 
 @cache
@@ -141,10 +244,13 @@ def test_every_emitted_command_agrees_with_the_engine(model, cluster, engine, ve
     _available(engine, version)
     box = load_cluster(cluster)
     pairs = _answers(engine, version)[(model, cluster)]
-    answers = [a for _, a in pairs]
-    problems = disagreements([(e, box) for e, _ in pairs], answers)
-    refused = sum(not a["ok"] for a in answers)
-    print(f"\n{engine} {version}, {model} on {cluster}: {len(pairs)} commands, the engine refuses {refused}")
+    broken = crashes(pairs)
+    assert not broken, f"the oracle did not answer {len(broken)} of {len(pairs)} commands:\n" + "\n".join(broken[:20])
+    problems = disagreements([(e, box) for e, _ in pairs], [a for _, a in pairs])
+    stages = Counter((a["refusal"] or {}).get("stage", "ok") for _, a in pairs)
+    sized = sum(bool((a.get("kv_pool") or {}).get("tokens_per_rank")) for _, a in pairs)
+    print(f"\n{engine} {version}, {model} on {cluster}: {len(pairs)} commands; the engine: {dict(stages)}; "
+          f"KV pools sized {sized}")  # fmt: skip
     kinds = Counter(p.split(":")[0] for p in problems)
     assert not problems, f"{len(problems)} disagreements ({dict(kinds)}):\n" + "\n".join(problems[:40])
 
@@ -167,7 +273,6 @@ def _engine_of(command: str) -> str | None:
 
 def _checked_rows() -> list[tuple[str, str, str]]:
     """The `shardwise check` rows of docs/bad-inputs.md: (cluster, launch command, what shardwise says)."""
-    import re
     import shlex
 
     doc = Path(__file__).parents[2] / "docs" / "bad-inputs.md"
@@ -181,24 +286,18 @@ def _checked_rows() -> list[tuple[str, str, str]]:
     return out
 
 
-@pytest.mark.parametrize("engine, version", [("sglang", "0.5.23"), ("vllm", "0.33.0")])
+@pytest.mark.parametrize("engine, version", ENGINES)
 def test_the_documented_refusals_are_the_engines(engine, version):
-    """Each refusal docs/bad-inputs.md shows for `check`: where shardwise says the engine refuses it while
-    resolving its arguments, the engine does; where it says later (model load, first steps), the engine's argument
-    resolution lets it through, as the oracle cannot see further."""
+    """Each refusal docs/bad-inputs.md shows for `check`, asked of the engine: it refuses where shardwise says it
+    does (resolving its arguments, or building the model where the oracle goes that far), for the same reason (the
+    exception and its message); what shardwise places later lets the engine resolve its arguments."""
     _available(engine, version)  # (a row with no flags at all is about shardwise's own usage line)
     rows = [(c, cmd) for c, cmd, _ in _checked_rows() if _engine_of(cmd) == engine and len(cmd.split()) > 4]
     items = [(_emitted_from(engine, version, cmd), load_cluster(c)) for c, cmd in rows]
     answers = ask(engine, version, items)
-    stages = []
-    for (e, box), answer in zip(items, answers, strict=True):
-        setup = shardwise_view(e, box)
-        stage = setup.rejections[0].stage if setup.rejections else None
-        stages.append(stage)
-        if stage == "arguments":
-            assert not answer["ok"], f"shardwise: refused while resolving arguments; the engine accepts: {e.text}"
-        elif stage is not None:  # refused at model load or at the first steps: the arguments resolve
-            assert answer["ok"], f"shardwise places it at {stage}; the engine refuses its arguments: {e.text}"
-        else:
-            assert answer["ok"] or not setup.valid, f"the engine refuses, shardwise does not: {e.text}"
-    assert "arguments" in stages and {"load", "run"} & set(stages)  # both kinds are covered
+    broken = crashes([(e, a) for (e, _), a in zip(items, answers, strict=True)])
+    assert not broken, "the oracle did not answer:\n" + "\n".join(broken)
+    problems = disagreements(items, answers)
+    assert not problems, "\n".join(problems)
+    stages = {r.stage for e, box in items for r in shardwise_view(e, box).rejections[:1]}
+    assert "arguments" in stages and {"load", "run"} & stages  # both kinds are covered
