@@ -24,8 +24,11 @@ Output, one JSON object per input line, in order:
 - "ok": true when the engine accepted the command through every stage run.
 - "refusal": null, or {"stage", "type", "message"}: the engine refused it.
   stage is "parse" (argparse / prepare_server_args), "post_init" (ServerArgs
-  construction), "resolve" (resolve_once), "check" (check_server_args) or
-  "kv_pool" (KV-pool sizing, only with "memory").
+  construction), "resolve" (resolve_once), "check" (check_server_args),
+  "publish" (the launcher's publish of the parallel topology), "load" or
+  "kv_pool" (only with "memory": the weights, then the KV pool SGLang sizes,
+  on the faked device). A refusal the faked device gives (out of memory) says
+  "by": "device": the oracle's arithmetic on the memory it was given.
 - "crash": null, or {"type", "message", "where"}: the oracle, an import stub or
   the faked GPU failed, so the engine's answer is unknown (never a refusal).
   The rule is in SGLANG_NOTES.md ("Answers: refusal or crash").
@@ -467,7 +470,13 @@ class MemoryRequest:
 
 
 class DeviceOutOfMemory(Exception):
-    """The faked device holds less than SGLang asked of it: the engine's refusal, as torch's OutOfMemoryError."""
+    """The faked device holds less than SGLang asks of it (the weights, or the pool it sized): the refusal a real
+    device gives, torch's OutOfMemoryError, reported with `by: "device"` (the oracle's arithmetic on the memory it
+    was given, not SGLang's code)."""
+
+    def __init__(self, message: str, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage
 
 
 class FakeWorld:
@@ -613,10 +622,10 @@ class KvPoolSizer:
     def size(self, server_args, memory: dict) -> dict:
         cfg = self.resolving_view(server_args)
         request = MemoryRequest.parse(memory, int(cfg.pp_size))
-        if max(request.weights) > request.free_before:
-            return self._not_sized(f"the weights of a stage ({max(request.weights)} B) exceed the memory free "
-                                   f"before load ({request.free_before} B): loading them fails first "
-                                   "(torch.OutOfMemoryError), which the oracle does not run")
+        if max(request.weights) > request.free_before:  # loading them fails first, as the faked device would
+            raise DeviceOutOfMemory(f"CUDA out of memory (simulated device): weights of "
+                                    f"{max(request.weights) / 2**30:.2f} GiB with {request.free_before / 2**30:.2f} "
+                                    "GiB free before load", stage="load")
         world = FakeWorld(request)
         self._window_unchecked = None
         torch_dist = self.torch.distributed
@@ -754,10 +763,6 @@ class KvPoolSizer:
 
     # -- the answer ------------------------------------------------------------
 
-    def _not_sized(self, why: str) -> dict:
-        return {"tokens_per_rank": None, "logical_tokens_per_rank": None, "cell_bytes_per_token": None,
-                "max_running_requests": None, "unchecked": [], "not_sized": why}
-
     def answer(self, server_args, runs: list, world: FakeWorld) -> dict:
         """tokens_per_rank: the pool each attention-DP rank allocates (max_total_num_tokens; per-rank rows under
         DCP); logical_tokens_per_rank: what the scheduler counts (KVCacheConfigurator.logical_token_capacity);
@@ -794,7 +799,12 @@ class KvPoolSizer:
 
     def _unchecked(self, server_args) -> list:
         """Terms the oracle supplied instead of SGLang's code computing them."""
-        out = ["layer_range: the model is not built; each stage's layers are SGLang's get_pp_indices("
+        out = ["free_before_load_bytes: supplied (what get_available_gpu_memory would read before the weights load)",
+               "weights_bytes: supplied per stage (the weights are not loaded; free memory drops by them after load)",
+               "min_over_ranks: the MIN all-reduces of free memory (as float32) and of each stage's tokens are the "
+               "oracle's, over the figures it was given",
+               "allocation: whether the device holds the pool SGLang sized is the oracle's check (by: device)",
+               "layer_range: the model is not built; each stage's layers are SGLang's get_pp_indices("
                "num_hidden_layers, pp_rank, pp_size), as the models' make_layers call it"]
         if self._window_unchecked:
             out.append(f"sliding_window_size: {self._window_unchecked}, so resolve_sliding_window_size took its "
@@ -969,7 +979,8 @@ class Worker:
         if stages.now != "kv_pool":  # the arguments did not resolve (a refused pool keeps what they resolved to)
             result.update(resolved=None, reset=[])
         if isinstance(exc, DeviceOutOfMemory):  # allocating what SGLang sized: refused by the faked device
-            result["refusal"] = {"stage": stages.now, "type": "OutOfMemoryError", "message": str(exc), "by": "device"}
+            result["refusal"] = {"stage": exc.stage or stages.now, "type": "OutOfMemoryError", "message": str(exc),
+                                 "by": "device"}
             result["error"] = f"OutOfMemoryError: {exc}"
             return
         if stages.now is None:  # every stage had passed: the oracle's own reporting failed

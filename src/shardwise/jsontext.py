@@ -11,17 +11,18 @@ import numpy as np
 
 def dumps(payload: Any) -> str:
     """Stable, readable JSON of a payload a command prints (see `plain`)."""
-    return json.dumps(plain(payload), indent=2, sort_keys=False)
+    return json.dumps(plain(payload), indent=2, sort_keys=False, allow_nan=False)
 
 
 def line(record: Any) -> str:
     """One JSON line of a record (a sweep's runs, a benchmark's levels), with the same conversions as `dumps`."""
-    return json.dumps(plain(record))
+    return json.dumps(plain(record), allow_nan=False)
 
 
 def plain(value: Any) -> Any:
     """`value` in JSON's own types: NumPy scalars and arrays become Python numbers, booleans and lists (a NumPy
-    bool or integer is not JSON-serializable), infinities and NaN become null (JSON has none), tuples lists."""
+    bool or integer is not JSON-serializable, as a value or as a key), infinities and NaN become null (JSON has
+    none), tuples lists."""
     if isinstance(value, np.generic):
         value = value.item()
     elif isinstance(value, np.ndarray):
@@ -29,7 +30,7 @@ def plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
+        return {plain(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value

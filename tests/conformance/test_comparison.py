@@ -63,14 +63,31 @@ def test_a_command_shardwise_accepts_and_the_engine_refuses_is_a_disagreement():
     assert disagreements([(e, BOX)], [refused])[0].startswith("engine refuses at arguments, shardwise nowhere")
 
 
-@pytest.mark.parametrize("off_by, agree", [(0, True), (1, True), (2, False), (-500, False)])
-def test_the_kv_pool_agrees_within_the_engines_rounding(off_by, agree):
+@pytest.mark.parametrize("off_by, slots_off_by, agree", [(0, 0, True), (1, 0, False), (-500, 0, False),
+                                                          (0, 1, False)])  # fmt: skip
+def test_the_kv_pool_agrees_to_the_token(off_by, slots_off_by, agree):
+    """The engines' rounding (pages, SGLang's float32 free memory, vLLM's granules and null block) is modelled, so
+    the pool and SGLang's request slots sized from it must agree exactly."""
     e = _emitted("--tp-size 8 --mem-fraction-static 0.9")
     checked = shardwise_check(e, BOX)
-    tokens = memory_ledger(checked.model, checked.setup.layout, BOX).kv_tokens_per_rank  # page size 1
-    answer = _answer(resolved=_resolved(e), kv_pool={"tokens_per_rank": tokens + off_by})
-    problems = disagreements([(e, BOX)], [answer])
+    ledger = memory_ledger(checked.model, checked.setup.layout, BOX)
+    pool = {"tokens_per_rank": ledger.kv_tokens_per_rank + off_by,
+            "max_running_requests": ledger.max_running_requests_per_rank + slots_off_by}  # fmt: skip
+    problems = disagreements([(e, BOX)], [_answer(resolved=_resolved(e), kv_pool=pool)])
     assert (problems == []) is agree, problems
+
+
+def test_a_model_the_engine_builds_where_shardwise_says_it_fails_to_is_a_disagreement():
+    """vLLM's oracle builds the model on every stage: a load-stage refusal of shardwise's that it does not meet is
+    a disagreement (gpt-oss at tp 16: 0 KV heads per rank)."""
+    tokens = tuple("vllm serve openai/gpt-oss-120b -tp 16 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1".split())
+    e = Emitted("vllm", "0.33.0", tokens, _argv("vllm", list(tokens), MODELS / "gpt-oss-120b"))
+    box = load_cluster("2x8xh100")
+    assert shardwise_check(e, box).setup.rejections[0].rule == "kv_heads_per_rank"
+    built = disagreements([(e, box)], [_answer(resolved={})])
+    assert built and built[0].startswith("shardwise refuses at load (kv_heads_per_rank), the engine builds the model")
+    refused = {"stage": "load", "type": "ZeroDivisionError", "message": "integer modulo by zero"}
+    assert disagreements([(e, box)], [_answer(refusal=refused)]) == []
 
 
 def test_no_kv_room_on_one_side_only_is_a_disagreement():
@@ -81,5 +98,5 @@ def test_no_kv_room_on_one_side_only_is_a_disagreement():
     tight = _emitted("--tp-size 8")  # SGLang's default fraction for this checkpoint leaves no room
     checked = shardwise_check(tight, BOX)
     assert memory_ledger(checked.model, checked.setup.layout, BOX).verdict == "no_kv_room"
-    sized = _answer(resolved=_resolved(tight), kv_pool={"tokens_per_rank": 1000})
+    sized = _answer(resolved=_resolved(tight), kv_pool={"tokens_per_rank": 1000, "max_running_requests": 2048})
     assert disagreements([(tight, BOX)], [sized])[0].startswith("kv pool: shardwise finds no room")

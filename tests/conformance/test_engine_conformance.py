@@ -61,6 +61,14 @@ CI = [  # what CI's time allows: the user's case on each engine release, and a m
     ("llama-3.1-70b", "2x8xh100", "sglang", "0.5.23"),
 ]
 ARGUMENT_STAGES = ("parse", "post_init", "resolve", "check", "publish", "config")  # the oracles' stages before any load
+VLLM_PARALLEL = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "decode_context_parallel_size",
+    "all2all_backend",
+)  # as both name them
+MODEL_BUILDERS = ("vllm",)  # oracles that build the model (on the meta device): they see failures at load
 CASES = {
     "full": [(m, c, e, v) for m in MODELS for c in CLUSTERS for e, v in ENGINES],
     "ci": CI,
@@ -110,6 +118,8 @@ def vllm_sizes(setup: Setup, resolved: dict) -> list[tuple[str, object, object]]
         ("max_num_seqs", f["max_num_seqs"], resolved["max_num_seqs"]),
         ("max_model_len", opts.max_model_len or "auto", "auto" if auto else resolved["max_model_len"]),
         ("block_size", opts.page_size, resolved["block_size"]),
+        *[(name, f[name], resolved[name]) for name in VLLM_PARALLEL],
+        ("enable_expert_parallel", bool(f.get("enable_expert_parallel")), resolved["enable_expert_parallel"]),
         ("cuda_graphs", opts.cuda_graph, graphs),
         ("cuda_graph_max_bs", opts.cuda_graph_max_bs if opts.cuda_graph else None,
          resolved["max_cudagraph_capture_size"] if graphs else None),
@@ -122,12 +132,12 @@ def _words(text: str) -> list[str]:
 
 def same_reason(rejection: Rejection | None, refusal: dict) -> bool:
     """The engine refused as shardwise says it does: the same exception type, and shardwise's message (its first
-    sentence, at most twelve words) found word for word in the engine's (punctuation and line breaks aside: the
-    oracle joins a message's lines). A rejection without the engine's error says nothing to compare."""
+    sentence, figures included) found word for word in the engine's (punctuation and line breaks aside: the oracle
+    joins a message's lines). A rejection without the engine's error says nothing to compare."""
     if rejection is None or rejection.engine_error is None:
         return False
     kind, _, message = rejection.engine_error.partition(": ")
-    ours, theirs = _words(re.split(r"(?<=[.;])\s", message)[0])[:12], _words(refusal["message"])
+    ours, theirs = _words(re.split(r"(?<=[.;])\s", message)[0]), _words(refusal["message"])
     found = any(theirs[i : i + len(ours)] == ours for i in range(len(theirs) - len(ours) + 1))
     return kind == refusal["type"] and bool(ours) and found
 
@@ -159,6 +169,10 @@ def disagreements(items: list[tuple[Emitted, ClusterSpec]], answers: list[dict])
         if early:
             out.append(f"shardwise refuses ({early[0].rule}), the engine accepts: {e.text}\n    {early[0].reason}")
             continue
+        built = [r for r in setup.rejections if r.stage == "load"] if e.engine in MODEL_BUILDERS else []
+        if built and stage != "memory":  # the oracle built the model on every stage and the engine did not refuse
+            out.append(f"shardwise refuses at load ({built[0].rule}), the engine builds the model: {e.text}")
+            continue
         # the arguments resolve on both sides (shardwise may still refuse at model load or at the first steps)
         if setup.layout is None:
             continue  # shardwise has no layout to size: a refusal it places later (each cites its engine source)
@@ -174,22 +188,23 @@ def disagreements(items: list[tuple[Emitted, ClusterSpec]], answers: list[dict])
 
 def kv_pool_disagreements(e: Emitted, checked: Checked, cluster: ClusterSpec, answer: dict) -> list[str]:
     """The KV pool the engine sizes with its own code from the memory shardwise estimates (emitted.memory_inputs)
-    against shardwise's: the same verdict, the same reason where neither has room, and the same tokens per
-    attention-DP rank within the engine's own rounding: one page of each DCP rank (SGLang reads the free memory it
-    sizes from as a float32 tensor where several GPUs agree on it, a few hundred bytes off)."""
+    against shardwise's: the same verdict at the same moment (out of memory while loading the weights, or while
+    profiling or allocating the pool; no room, for the same reason), and where both size a pool, the same tokens
+    per attention-DP rank exactly (the engines' own rounding is shardwise's: pages, vLLM's granules and null block,
+    SGLang's float32 free memory), the same window pool and, for SGLang, the same running-request cap."""
     ledger = memory_ledger(checked.model, checked.setup.layout, cluster)
     refusal, pool = answer["refusal"], answer.get("kv_pool")
-    sized = refusal is None and (pool or {}).get("tokens_per_rank") is not None
-    if ledger.verdict == "oom":  # the weights, or the profile run's activations, do not fit
-        if sized or (refusal is not None and not _out_of_memory(answer)):
-            what = f"sizes {pool['tokens_per_rank']:,} tokens" if sized else _refusal_text(refusal)
-            return [f"kv pool: shardwise runs out of memory ({ledger.reason}), the engine {what}: {e.text}"]
-        return []  # the engine runs out too (vLLM's simulated GPU), or finds the weights beyond it (SGLang)
+    if ledger.verdict == "oom":  # the weights, or the profile run's activations, or the pool, do not fit
+        when = "load" if "loading weights" in (ledger.engine_error or "") else "kv_pool"
+        if not _out_of_memory(answer) or refusal["stage"] != when:
+            what = _refusal_text(refusal) if refusal else f"sizes {(pool or {}).get('tokens_per_rank')} tokens"
+            return [f"kv pool: shardwise runs out of memory at {when} ({ledger.reason}), the engine {what}: {e.text}"]
+        return []
     if _out_of_memory(answer):
         return [f"kv pool: the engine runs out of memory ({_refusal_text(refusal)}), shardwise says {ledger.verdict}: "
                 f"{e.text}"]  # fmt: skip
     if ledger.verdict == "no_kv_room":
-        if refusal is None:
+        if refusal is None or refusal["stage"] != "kv_pool":
             return [f"kv pool: shardwise finds no room ({ledger.reason}), the engine sizes {pool}: {e.text}"]
         if ledger.engine_error and not same_reason(_ledger_rejection(ledger), refusal):
             return [f"kv pool refusal: shardwise {ledger.engine_error!r}, the engine {_refusal_text(refusal)}: "
@@ -200,13 +215,17 @@ def kv_pool_disagreements(e: Emitted, checked: Checked, cluster: ClusterSpec, an
                 f"{ledger.kv_tokens_per_rank:,} tokens per rank: {e.text}"]  # fmt: skip
     if pool is None or pool.get("tokens_per_rank") is None:
         return [f"kv pool: the oracle sized nothing ({(pool or {}).get('not_sized')}): {e.text}"]
-    theirs = pool.get("logical_tokens_per_rank") or pool["tokens_per_rank"]
-    page = checked.setup.layout.options.page_size or 1
-    if abs(theirs - ledger.kv_tokens_per_rank) > page * checked.setup.layout.dcp:  # SGLang's float32 free memory
-        return [f"kv pool: shardwise {ledger.kv_tokens_per_rank:,} tokens per rank, the engine {theirs:,} "
-                f"(cell {ledger.kv_bytes_per_token:,.0f} against {pool.get('cell_bytes_per_token')} bytes per token; "
-                f"unchecked: {pool.get('unchecked')}): {e.text}"]  # fmt: skip
-    return []
+    pairs = [("tokens per rank", ledger.kv_tokens_per_rank, pool.get("logical_tokens_per_rank")
+              or pool["tokens_per_rank"])]  # fmt: skip
+    if "swa_tokens_per_rank" in pool:
+        pairs.append(
+            ("window-pool tokens per rank", ledger.kv_window_pool_tokens_per_rank, pool["swa_tokens_per_rank"])
+        )
+    if e.engine == "sglang":  # it sizes its request slots from the pool (vLLM's come from --max-num-seqs)
+        pairs.append(("running requests per rank", ledger.max_running_requests_per_rank, pool["max_running_requests"]))
+    return [f"kv pool: {name}: shardwise {ours!r}, the engine {theirs!r} (cell {ledger.kv_bytes_per_token:,.1f} "
+            f"against {pool.get('cell_bytes_per_token')} bytes per token; unchecked: {pool.get('unchecked')}): "
+            f"{e.text}" for name, ours, theirs in pairs if ours != theirs]  # fmt: skip
 
 
 def _out_of_memory(answer: dict) -> bool:

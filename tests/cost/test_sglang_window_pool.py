@@ -8,7 +8,7 @@ from shardwise import load_cluster, load_model
 from shardwise.cost.memory import _free_share_pool, memory_ledger
 from shardwise.engines.base import get_engine
 
-GPT_OSS_CELL_TP8 = 256  # bytes per layer per token on each GPU: 8 KV heads over 8 ranks, 1 × (64 + 64) × 2 B
+GPT_OSS_LAYER_BYTES_TP8 = 256  # bytes per layer per token on each GPU: 8 KV heads over 8 ranks, 1 × (64 + 64) × 2 B
 
 
 def ledger(flags: str, *, model="gpt-oss-120b", cluster="8xh100"):
@@ -28,7 +28,7 @@ def test_gpt_oss_tp8_pool_token_brings_its_share_of_the_window_pool():
     ⌊0.8 × that⌋ window tokens."""
     memory, setup = ledger("--tp-size 8")
     assert setup.layout.options.window_pool.full_tokens_ratio == 0.8
-    assert memory.kv_bytes_per_token == pytest.approx(18 * GPT_OSS_CELL_TP8 + 0.8 * 18 * GPT_OSS_CELL_TP8)
+    assert memory.kv_bytes_per_token == pytest.approx(18 * GPT_OSS_LAYER_BYTES_TP8 + 0.8 * 18 * GPT_OSS_LAYER_BYTES_TP8)
     assert memory.kv_bytes_per_token == pytest.approx(8_294.4)
     assert memory.kv_tokens_per_rank == int(memory.kv_pool_bytes // 8_294.4)
     assert memory.kv_window_pool_tokens_per_rank == int(memory.kv_tokens_per_rank * 0.8)

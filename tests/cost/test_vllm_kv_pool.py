@@ -18,7 +18,7 @@ def vllm(model: str, cluster: str, flags: str, version: str):
     return memory_ledger(spec, setup.layout, box), setup.layout
 
 
-# --- (a) 0.34 maps each KV tensor in whole 2 MiB granules ----------------------------------------------------------
+# --- 0.34 maps each KV tensor in whole 2 MiB granules ----------------------------------------------------------
 
 
 def test_each_tensor_holds_the_blocks_of_its_whole_granules():
@@ -55,7 +55,7 @@ def test_033_and_a_fixed_034_cache_use_the_pool_whole():
         assert memory.kv_tokens_per_rank == int(memory.kv_pool_bytes // 70_272) // page * page
 
 
-# --- (b) the null block ----------------------------------------------------------------------------------------------
+# --- the null block ----------------------------------------------------------------------------------------------
 
 
 def test_the_null_block_is_not_handed_out_and_decides_the_fit():
@@ -88,7 +88,7 @@ def test_concurrency_counts_the_blocks_requests_can_take():
     assert memory.max_concurrency(isl=1024, osl=1024) == (276_672 - 64) // 2048  # 135
 
 
-# --- (d) each pipeline stage sizes its own pool ----------------------------------------------------------------------
+# --- each pipeline stage sizes its own pool ----------------------------------------------------------------------
 
 
 def test_each_stage_sizes_blocks_from_its_own_pool():
@@ -106,10 +106,10 @@ def test_each_stage_sizes_blocks_from_its_own_pool():
     assert [int(pools[s]) for s in (0, 3, 7)] == [67_151_613_583, 67_408_896_399, 67_151_607_823]
     assert int(pools[3] // 98_304) == 685_718 < int(pools[7] // 65_536) == 1_024_652
     assert memory.kv_tokens_per_rank == 685_718 * 16 == 10_971_488
-    assert int(memory.kv_pool_bytes) == 67_151_607_823  # the least budget, as before
+    assert int(memory.kv_pool_bytes) == 67_151_607_823  # the least stage budget (each stage's own sizes its blocks)
 
 
-# --- (e) vLLM's KV groups for sliding-window layers ------------------------------------------------------------------
+# --- vLLM's KV groups for sliding-window layers ------------------------------------------------------------------
 
 
 def test_kv_groups_follow_vllm():
@@ -129,7 +129,7 @@ def test_gpt_oss_pp8_charges_each_group_at_the_stage_largest_group():
     layers of one group and 2 of the other, so its tensors are 3 and a block costs 3 × 16 × 2,048 = 98,304 B. The
     binding stage's pool, 63,385,559,439 B, holds 644,791 blocks: 10,316,656 tokens (vLLM's count). A request
     of 131,072 tokens takes 131,072 of the full group and 144 of the sliding one: ⌊(10,316,656 − 16) / 131,216⌋ =
-    78 at once (shardwise charged 2/5 of a 5-layer token before: 117; vLLM's own figure, 50.3, reserves the window
+    78 at once (charging 2/5 of a 5-layer token would give 117; vLLM's own figure, 50.3, reserves the window
     and 9 chunks of 8,192 in flight for the sliding group, what a long prefill may hold)."""
     memory, _ = vllm("gpt-oss-120b", "8xh100", "-pp 8", "0.33.0")
     assert memory.kv_bytes_per_token == 3 * 2048 == 6_144
@@ -151,7 +151,7 @@ def test_the_start_up_check_counts_a_chunk_in_flight_per_stage():
     assert memory.verdict == "no_kv_room" and "needs (57,536)" in memory.reason
 
 
-# --- (f) the profile run's activation peak ---------------------------------------------------------------------------
+# --- the profile run's activation peak ---------------------------------------------------------------------------
 
 
 def test_an_activation_peak_beyond_the_gpu_fails_the_profile_run():

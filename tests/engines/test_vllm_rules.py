@@ -224,7 +224,7 @@ def test_gpt_oss_needs_a_kv_head_per_rank():
     replicate KV heads past their count (Llama-3.1-70B's 8 at tp 16)."""
     bad = resolve("-tp 16 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1", model="gpt-oss-120b", cluster="2x8xh100")
     assert rules(bad) == ["kv_heads_per_rank"] and bad.rejections[0].stage == "load"
-    assert bad.rejections[0].engine_error.startswith("ZeroDivisionError")
+    assert bad.rejections[0].engine_error == "ZeroDivisionError: integer modulo by zero"
     assert resolve("-tp 8", model="gpt-oss-120b", cluster="8xh100").valid
     llama = resolve("-tp 16 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1", model="llama-3.1-70b", cluster="2x8xh100")
     assert "kv_heads_per_rank" not in rules(llama)

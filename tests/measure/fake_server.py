@@ -1,7 +1,8 @@
 """A real HTTP server on localhost that streams OpenAI-style completions at configured speeds, for testing the
 benchmark client. It is built the way SGLang's and vLLM's servers are (an ASGI app under uvicorn, streaming
-server-sent events) and runs in its own process. It waits `ttft_s` before the first token and `tpot_s`
-between tokens, reports usage, and can cut every `drop_every`-th stream short after `drop_after` tokens."""
+server-sent events) and runs in its own process. It sends token n at `ttft_s` + n × `tpot_s` after a request
+arrives (on that schedule whatever its event loop did meanwhile), reports usage, and can cut every `drop_every`-th
+stream short after `drop_after` tokens."""
 
 from __future__ import annotations
 

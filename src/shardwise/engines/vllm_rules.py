@@ -68,7 +68,7 @@ def kv_heads_per_rank(ctx: Context) -> Rejection | None:
         stage="load",
         reason=f"gpt-oss gives each rank {att.num_kv_heads} // tp {tp} = 0 KV heads (its attention does not replicate "
         f"them); use tp ≤ {att.num_kv_heads} and data parallelism beyond",
-        engine_error="ZeroDivisionError: integer division or modulo by zero",
+        engine_error="ZeroDivisionError: integer modulo by zero",  # num_heads % 0
         source=_src(ctx, "model_executor/models/gpt_oss.py OAIAttention.__init__ (num_local_key_value_heads)"),
     )
 

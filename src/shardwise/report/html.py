@@ -25,7 +25,7 @@ from shardwise.engines.flags import command_text  # noqa: E402
 from shardwise.report.theory import PART_NAMES, distinct_layouts, family_lines, headline, narrative  # noqa: E402
 
 CHARTED = 6  # layouts drawn on the throughput chart and the breakdown bars
-WIDTH = 10.0  # inches: each chart's drawn width (720 pt); the page scales it to its column
+WIDTH_IN = 10.0  # inches: each chart's drawn width (720 pt); the page scales it to its column
 MARKERS = "osD^vP"
 PARTS_COLOURS = dict(zip(PART_NAMES, plt.get_cmap("tab10").colors, strict=False))
 NUMBER = re.compile(r"[\d,.×%+—-]*")  # a cell of figures: right-aligned
@@ -48,7 +48,7 @@ def _label(n: int, c: Candidate) -> str:
 
 
 def _figure(height: float) -> tuple[Figure, Axes]:
-    fig, ax = plt.subplots(figsize=(WIDTH, height), layout="constrained")
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, height), layout="constrained")
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=9)
     return fig, ax
