@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print the probe commands from SGLANG_NOTES.md as oracle input (JSON lines), the KV-pool probes with "memory".
 
-    python3 conformance/sglang_cases.py | .engines/sglang-0.5.23/bin/python conformance/sglang_oracle.py
+python3 conformance/sglang_cases.py | .engines/sglang-0.5.23/bin/python conformance/sglang_oracle.py
 """
 
 import json
@@ -9,15 +9,38 @@ import os
 
 MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "shardwise", "data", "models")
 GPUS = {
-    "rtx6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_mib": 97887,
-                "count": 8, "capability": [12, 0], "sm_count": 188, "nvlink": False, "p2p": True},
-    "h100": {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 8,
-             "capability": [9, 0], "sm_count": 132, "nvlink": True, "p2p": True},
-    "h200": {"name": "NVIDIA H200", "memory_mib": 143771, "count": 8,
-             "capability": [9, 0], "sm_count": 132, "nvlink": True, "p2p": True},
+    "rtx6000": {
+        "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        "memory_mib": 97887,
+        "count": 8,
+        "capability": [12, 0],
+        "sm_count": 188,
+        "nvlink": False,
+        "p2p": True,
+    },
+    "h100": {
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_mib": 81559,
+        "count": 8,
+        "capability": [9, 0],
+        "sm_count": 132,
+        "nvlink": True,
+        "p2p": True,
+    },
+    "h200": {
+        "name": "NVIDIA H200",
+        "memory_mib": 143771,
+        "count": 8,
+        "capability": [9, 0],
+        "sm_count": 132,
+        "nvlink": True,
+        "p2p": True,
+    },
 }
-EAGLE = ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
-         "--speculative-num-draft-tokens 4")
+EAGLE = (
+    "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+    "--speculative-num-draft-tokens 4"
+)
 CASES = [
     ("kimi-tp8", "rtx6000", "kimi-k2.6", "--tp-size 8"),
     ("kimi-tp8-h200", "h200", "kimi-k2.6", "--tp-size 8"),
@@ -51,11 +74,23 @@ RTX, H100, H200 = 102641958912, 85520809984, 150754820096
 RUNTIME = 3843995730  # shardwise's non-torch estimate, several GPUs
 KV_CASES = [
     ("kv-kimi-tp8-mfs95", "rtx6000", "kimi-k2.6", "--tp-size 8 --mem-fraction-static 0.95", RTX, [77124830688]),
-    ("kv-dsv3-pp8", "h200", "deepseek-v3", "--tp-size 1 --pp-size 8", H200,
-     [49652072992, 80583628832, 80583628832, 92095575808, 92095575808, 92095575808, 92095575808, 93948948224]),
+    (
+        "kv-dsv3-pp8",
+        "h200",
+        "deepseek-v3",
+        "--tp-size 1 --pp-size 8",
+        H200,
+        [49652072992, 80583628832, 80583628832, 92095575808, 92095575808, 92095575808, 92095575808, 93948948224],
+    ),
     ("kv-gptoss-tp8-hybrid-swa", "rtx6000", "gpt-oss-120b", "--tp-size 8", RTX, [8179702272]),
-    ("kv-dsv3-dcp4", "h200", "deepseek-v3", "--tp-size 8 --dcp-size 4 --attention-backend flashinfer", H200,
-     [85140101152]),
+    (
+        "kv-dsv3-dcp4",
+        "h200",
+        "deepseek-v3",
+        "--tp-size 8 --dcp-size 4 --attention-backend flashinfer",
+        H200,
+        [85140101152],
+    ),
     ("kv-llama-tp2-no-room", "h100", "llama-3.1-70b", "--tp-size 2", H100, [70555025408]),
 ]
 

@@ -75,9 +75,15 @@ from dataclasses import dataclass, field
 STUBBED_PACKAGES = ("torchvision", "sgl_kernel", "flashinfer", "uvicorn", "fastapi")
 DEFAULTS = {"driver": "580.95.05", "cuda": "13.0", "sm_count": 132, "nvlink": True, "p2p": True}
 WARMUP_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-    "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 2048,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 2048,
     "torch_dtype": "bfloat16",
 }
 NOISE = (DeprecationWarning, PendingDeprecationWarning, ResourceWarning, ImportWarning)
@@ -86,22 +92,50 @@ ORACLE_FILE = os.path.abspath(__file__)
 
 # Fields reported by default (all of them with --all-fields).
 KEY_FIELDS = (
-    "model_path", "device", "dtype", "quantization", "tp_size", "pp_size",
-    "dp_size", "ep_size", "moe_dp_size", "attn_cp_size", "attn_dp_size",
-    "dcp_size", "dcp_comm_backend", "enable_dp_attention", "enable_dp_lm_head",
-    "nnodes", "node_rank", "dist_init_addr", "mem_fraction_static",
-    "chunked_prefill_size", "max_prefill_tokens", "max_running_requests",
-    "max_total_tokens", "disable_cuda_graph", "attention_backend",
-    "decode_attention_backend", "prefill_attention_backend",
-    "moe_a2a_backend", "moe_runner_backend", "kv_cache_dtype", "page_size",
-    "disable_overlap_schedule", "disable_radix_cache", "context_length",
-    "language_model_only", "enable_eplb", "ep_num_redundant_experts",
+    "model_path",
+    "device",
+    "dtype",
+    "quantization",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "ep_size",
+    "moe_dp_size",
+    "attn_cp_size",
+    "attn_dp_size",
+    "dcp_size",
+    "dcp_comm_backend",
+    "enable_dp_attention",
+    "enable_dp_lm_head",
+    "nnodes",
+    "node_rank",
+    "dist_init_addr",
+    "mem_fraction_static",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "max_running_requests",
+    "max_total_tokens",
+    "disable_cuda_graph",
+    "attention_backend",
+    "decode_attention_backend",
+    "prefill_attention_backend",
+    "moe_a2a_backend",
+    "moe_runner_backend",
+    "kv_cache_dtype",
+    "page_size",
+    "disable_overlap_schedule",
+    "disable_radix_cache",
+    "context_length",
+    "language_model_only",
+    "enable_eplb",
+    "ep_num_redundant_experts",
 )
 
 
 # ----------------------------------------------------------------------------
 # Worker side: what stands in for the GPU and the CUDA-only packages
 # ----------------------------------------------------------------------------
+
 
 class FakeGap(RuntimeError):
     """A fake was asked something it does not model; always a crash, never the engine's answer."""
@@ -175,8 +209,14 @@ def fake_gpu(gpu: dict) -> list:
     total = int(g["memory_mib"]) * 1024 * 1024
     GPU.update(g, total=total, major=major, minor=minor, world=None)
     GPU["props"] = StandIn(
-        name=g["name"], major=major, minor=minor, total_memory=total,
-        multi_processor_count=int(g["sm_count"]), gcnArchName="", uuid="fake", is_integrated=False,
+        name=g["name"],
+        major=major,
+        minor=minor,
+        total_memory=total,
+        multi_processor_count=int(g["sm_count"]),
+        gcnArchName="",
+        uuid="fake",
+        is_integrated=False,
     )
     cuda = torch.cuda
     cuda.is_available = _fake_is_available
@@ -313,8 +353,11 @@ def _engine_dirs() -> tuple:
 
 
 REAL_CUDA_MESSAGES = (
-    "Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "no CUDA GPUs are available",
-    "CUDA driver initialization failed", "NVML Shared Library Not Found",
+    "Torch not compiled with CUDA enabled",
+    "Found no NVIDIA driver",
+    "no CUDA GPUs are available",
+    "CUDA driver initialization failed",
+    "NVML Shared Library Not Found",
 )
 
 
@@ -329,9 +372,16 @@ def _chain(exc):
 
 def _where(code, lineno) -> str:
     fake = code.co_name.startswith("_fake_") or code.co_qualname.startswith(("FakeWorld.", "StandIn"))
-    kind = "fake GPU" if fake else (
-        "import stub" if code.co_qualname.split(".")[0] in ("StubMeta", "StubObject", "StubModule")
-        or ".Finder." in code.co_qualname else "oracle")
+    kind = (
+        "fake GPU"
+        if fake
+        else (
+            "import stub"
+            if code.co_qualname.split(".")[0] in ("StubMeta", "StubObject", "StubModule")
+            or ".Finder." in code.co_qualname
+            else "oracle"
+        )
+    )
     return f"{kind}: {code.co_qualname} ({os.path.basename(ORACLE_FILE)}:{lineno})"
 
 
@@ -386,7 +436,7 @@ def _parse_stage(exc) -> str:
     does nothing in 0.5.23): which of the two raised."""
     names = [f.f_code.co_name for f, _ in traceback.walk_tb(exc.__traceback__)]
     if "prepare_server_args" in names:
-        below = names[names.index("prepare_server_args") + 1:]
+        below = names[names.index("prepare_server_args") + 1 :]
         if below and below[0] in ("from_cli_args", "__post_init__", "__init__"):
             return "post_init"
     return "parse"
@@ -395,6 +445,7 @@ def _parse_stage(exc) -> str:
 # ----------------------------------------------------------------------------
 # Worker side: logs, caches
 # ----------------------------------------------------------------------------
+
 
 class Capture:
     """Collects SGLang log records and Python warnings for one command."""
@@ -449,6 +500,7 @@ class Stages:
 # Worker side: the KV pool, sized by SGLang's own code
 # ----------------------------------------------------------------------------
 
+
 @dataclass
 class MemoryRequest:
     capacity: int
@@ -458,8 +510,11 @@ class MemoryRequest:
     @classmethod
     def parse(cls, memory: dict, pp_size: int) -> MemoryRequest:
         try:
-            req = cls(int(memory["capacity_bytes"]), int(memory["free_before_load_bytes"]),
-                      [int(w) for w in memory["weights_bytes"]])
+            req = cls(
+                int(memory["capacity_bytes"]),
+                int(memory["free_before_load_bytes"]),
+                [int(w) for w in memory["weights_bytes"]],
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequest(f"memory needs capacity_bytes, free_before_load_bytes, weights_bytes: {exc!r}") from exc
         if len(req.weights) != pp_size:
@@ -623,9 +678,12 @@ class KvPoolSizer:
         cfg = self.resolving_view(server_args)
         request = MemoryRequest.parse(memory, int(cfg.pp_size))
         if max(request.weights) > request.free_before:  # loading them fails first, as the faked device would
-            raise DeviceOutOfMemory(f"CUDA out of memory (simulated device): weights of "
-                                    f"{max(request.weights) / 2**30:.2f} GiB with {request.free_before / 2**30:.2f} "
-                                    "GiB free before load", stage="load")
+            raise DeviceOutOfMemory(
+                f"CUDA out of memory (simulated device): weights of "
+                f"{max(request.weights) / 2**30:.2f} GiB with {request.free_before / 2**30:.2f} "
+                "GiB free before load",
+                stage="load",
+            )
         world = FakeWorld(request)
         self._window_unchecked = None
         torch_dist = self.torch.distributed
@@ -656,8 +714,10 @@ class KvPoolSizer:
                 continue
             need, free = run.config.max_total_num_tokens * cell, world.free(run.stage)
             if need > free:
-                raise DeviceOutOfMemory(f"CUDA out of memory (simulated device): a KV pool of {need / 2**30:.2f} GiB "
-                                        f"with {free / 2**30:.2f} GiB free after the weights of stage {run.stage}")
+                raise DeviceOutOfMemory(
+                    f"CUDA out of memory (simulated device): a KV pool of {need / 2**30:.2f} GiB "
+                    f"with {free / 2**30:.2f} GiB free after the weights of stage {run.stage}"
+                )
 
     def _size_stage(self, server_args, stage: int, world: FakeWorld, model_config):
         rc = self.rc
@@ -673,8 +733,11 @@ class KvPoolSizer:
             )
             if model_config is None:  # TpModelWorker._init_model_config, for the target
                 model_config = self.ModelConfig.from_server_args(
-                    server_args, model_path=rc.get_model().model_path, model_revision=rc.get_model().revision,
-                    is_draft_model=False, context_length=None,
+                    server_args,
+                    model_path=rc.get_model().model_path,
+                    model_revision=rc.get_model().revision,
+                    is_draft_model=False,
+                    context_length=None,
                 )
             device = rc.get_device().device
             world.stage, world.loaded = stage, False
@@ -697,32 +760,53 @@ class KvPoolSizer:
         model = self._stand_in_model(model_config, stage, run)
         run.layers = (model.start_layer, model.end_layer)
         kv_str, kv_dtype = self.kv_cache_dtype.configure_kv_cache_dtype(  # ModelRunner.configure_kv_cache_dtype
-            server_args_kv_cache_dtype=rc.get_model().kv_cache_dtype, model=model, model_dtype=model_config.dtype,
-            is_draft_worker=False, is_dflash=spec.is_dflash_family(), speculative_draft_attention_backend=None,
+            server_args_kv_cache_dtype=rc.get_model().kv_cache_dtype,
+            model=model,
+            model_dtype=model_config.dtype,
+            is_draft_worker=False,
+            is_dflash=spec.is_dflash_family(),
+            speculative_draft_attention_backend=None,
             speculative_draft_kv_cache_dtype=rc.get_spec().speculative_draft_kv_cache_dtype,
         )
-        layer_info = self.layer_setup.resolve_layer_indices(model=model, model_config=model_config,
-                                                             is_draft_worker=False)
+        layer_info = self.layer_setup.resolve_layer_indices(
+            model=model, model_config=model_config, is_draft_worker=False
+        )
         spec_aux = self.spec_aux.resolve_spec_aux_hidden_state_config(
-            server_args=server_args, model_config=model_config, spec_algorithm=spec, is_draft_worker=False)
+            server_args=server_args, model_config=model_config, spec_algorithm=spec, is_draft_worker=False
+        )
         sliding_window = self.load_model_utils.resolve_sliding_window_size(model, model_config)
         run.notes["sliding_window_size"] = sliding_window
         run.notes["kv_cache_dtype"] = str(kv_dtype).replace("torch.", "")
         return self.kvc_module.KVCacheConfigurator(
-            device=rc.get_device().device, gpu_id=0, attn_dp_size=parallel.attn_dp_size,
-            pp_size=parallel.pp_group.world_size, pp_group=parallel.pp_group, model=model,
-            model_config=model_config, server_args=server_args, kv_cache_dtype=kv_dtype,
+            device=rc.get_device().device,
+            gpu_id=0,
+            attn_dp_size=parallel.attn_dp_size,
+            pp_size=parallel.pp_group.world_size,
+            pp_group=parallel.pp_group,
+            model=model,
+            model_config=model_config,
+            server_args=server_args,
+            kv_cache_dtype=kv_dtype,
             kv_cache_dtype_str=kv_str if kv_str is not None else rc.get_model().kv_cache_dtype,
-            model_dtype=model_config.dtype, page_size=rc.get_schedule().page_size,
-            sliding_window_size=sliding_window, spec_algorithm=spec, is_draft_worker=False,
+            model_dtype=model_config.dtype,
+            page_size=rc.get_schedule().page_size,
+            sliding_window_size=sliding_window,
+            spec_algorithm=spec,
+            is_draft_worker=False,
             post_capture_kv_active=self.kv_pool_runtime.is_post_capture_kv_active(
-                server_args=server_args, is_draft_worker=False, spec_algorithm=spec,
-                token_to_kv_pool_allocator=None),
-            spec_aux_config=spec_aux, draft_parallel_layout=None, is_hybrid_swa=model_config.is_hybrid_swa,
+                server_args=server_args, is_draft_worker=False, spec_algorithm=spec, token_to_kv_pool_allocator=None
+            ),
+            spec_aux_config=spec_aux,
+            draft_parallel_layout=None,
+            is_hybrid_swa=model_config.is_hybrid_swa,
             is_hybrid_swa_compress=model_config.is_hybrid_swa_compress,
-            use_mla_backend=model_config.attention_arch == self.AttentionArch.MLA, layer_info=layer_info,
-            forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None,
-            memory_pool_config=None, draft_model_idx=None,
+            use_mla_backend=model_config.attention_arch == self.AttentionArch.MLA,
+            layer_info=layer_info,
+            forward_stream=None,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=None,
+            memory_pool_config=None,
+            draft_model_idx=None,
         )
 
     def _stand_in_model(self, model_config, stage: int, run: StageRun) -> StandIn:
@@ -774,10 +858,16 @@ class KvPoolSizer:
         stages = []
         for run in runs:
             cell = getattr(run.configurator, "_cell_size", None)
-            stages.append({"stage": run.stage, "layers": list(run.layers), "cell_bytes_per_token": cell,
-                           "tokens_before_min": world.tokens.get(run.stage),
-                           "available_bytes": run.available_bytes,
-                           "pre_model_load_gib": run.pre_model_load_gib})
+            stages.append(
+                {
+                    "stage": run.stage,
+                    "layers": list(run.layers),
+                    "cell_bytes_per_token": cell,
+                    "tokens_before_min": world.tokens.get(run.stage),
+                    "available_bytes": run.available_bytes,
+                    "pre_model_load_gib": run.pre_model_load_gib,
+                }
+            )
         cells = [s["cell_bytes_per_token"] for s in stages if s["cell_bytes_per_token"] is not None]
         out = {
             "tokens_per_rank": cfg.max_total_num_tokens,
@@ -799,19 +889,25 @@ class KvPoolSizer:
 
     def _unchecked(self, server_args) -> list:
         """Terms the oracle supplied instead of SGLang's code computing them."""
-        out = ["free_before_load_bytes: supplied (what get_available_gpu_memory would read before the weights load)",
-               "weights_bytes: supplied per stage (the weights are not loaded; free memory drops by them after load)",
-               "min_over_ranks: the MIN all-reduces of free memory (as float32) and of each stage's tokens are the "
-               "oracle's, over the figures it was given",
-               "allocation: whether the device holds the pool SGLang sized is the oracle's check (by: device)",
-               "layer_range: the model is not built; each stage's layers are SGLang's get_pp_indices("
-               "num_hidden_layers, pp_rank, pp_size), as the models' make_layers call it"]
+        out = [
+            "free_before_load_bytes: supplied (what get_available_gpu_memory would read before the weights load)",
+            "weights_bytes: supplied per stage (the weights are not loaded; free memory drops by them after load)",
+            "min_over_ranks: the MIN all-reduces of free memory (as float32) and of each stage's tokens are the "
+            "oracle's, over the figures it was given",
+            "allocation: whether the device holds the pool SGLang sized is the oracle's check (by: device)",
+            "layer_range: the model is not built; each stage's layers are SGLang's get_pp_indices("
+            "num_hidden_layers, pp_rank, pp_size), as the models' make_layers call it",
+        ]
         if self._window_unchecked:
-            out.append(f"sliding_window_size: {self._window_unchecked}, so resolve_sliding_window_size took its "
-                       "fallback (model_config.sliding_window_size) instead of the model's own answer")
+            out.append(
+                f"sliding_window_size: {self._window_unchecked}, so resolve_sliding_window_size took its "
+                "fallback (model_config.sliding_window_size) instead of the model's own answer"
+            )
         if self.post_capture_kv_sizing_planned(server_args):
-            out.append("post_capture_resize: SGLang resizes this pool after CUDA-graph capture "
-                       "(kv_pool_runtime.compute_post_capture_kv_resize), which the oracle does not run")
+            out.append(
+                "post_capture_resize: SGLang resizes this pool after CUDA-graph capture "
+                "(kv_pool_runtime.compute_post_capture_kv_resize), which the oracle does not run"
+            )
         if getattr(self.resolving_view(server_args), "weight_cache_mode", "off") != "off":
             out.append("preloaded_weights_bytes: a weight-cache daemon's preloaded bytes are taken as 0")
         if PROBES["unanswered"]:
@@ -822,6 +918,7 @@ class KvPoolSizer:
 # ----------------------------------------------------------------------------
 # Worker side: one command
 # ----------------------------------------------------------------------------
+
 
 class Worker:
     def __init__(self, gpu: dict, all_fields: bool, verbose: bool):
@@ -843,8 +940,12 @@ class Worker:
         self._spy(memory_hook, "get_device_memory_capacity", "gpu_mem_mib")
         self._spy(memory_hook, "reserve_for_graph_mb", "reserve_for_graph_mb")
         self._spy(memory_hook, "reserve_for_deepep_a2a_mb", "reserve_for_deepep_a2a_mb")
-        self._spy(memory_hook, "adjust_mem_fraction_for_vlm", "vlm_adjusted_mem_fraction",
-                  arg0="mem_fraction_before_vlm_adjust")
+        self._spy(
+            memory_hook,
+            "adjust_mem_fraction_for_vlm",
+            "vlm_adjusted_mem_fraction",
+            arg0="mem_fraction_before_vlm_adjust",
+        )
         self.kv_sizer = KvPoolSizer(self.capture)
         self._caches: list = []
         self._seen_modules = 0
@@ -908,8 +1009,15 @@ class Worker:
         self.trace = {}
         PROBES["unanswered"].clear()
         PROBES["topology"].clear()
-        result = {"ok": False, "refusal": None, "crash": None, "error": None, "resolved": None,
-                  "kv_pool": None, "reset": []}
+        result = {
+            "ok": False,
+            "refusal": None,
+            "crash": None,
+            "error": None,
+            "resolved": None,
+            "kv_pool": None,
+            "reset": [],
+        }
         stages = Stages()
         argparse_err = io.StringIO()
         import warnings
@@ -918,7 +1026,7 @@ class Worker:
         try:
             with warnings.catch_warnings(record=True) as pywarn:
                 warnings.simplefilter("always")
-                server_args = self._run_stages(argv, memory, stages, argparse_err, result)
+                self._run_stages(argv, memory, stages, argparse_err, result)
             stages.now = None  # from here on, only the oracle's own bookkeeping runs
             result["ok"] = True
         except SystemExit as exc:  # argparse rejected the command line
@@ -979,8 +1087,12 @@ class Worker:
         if stages.now != "kv_pool":  # the arguments did not resolve (a refused pool keeps what they resolved to)
             result.update(resolved=None, reset=[])
         if isinstance(exc, DeviceOutOfMemory):  # allocating what SGLang sized: refused by the faked device
-            result["refusal"] = {"stage": exc.stage or stages.now, "type": "OutOfMemoryError", "message": str(exc),
-                                 "by": "device"}
+            result["refusal"] = {
+                "stage": exc.stage or stages.now,
+                "type": "OutOfMemoryError",
+                "message": str(exc),
+                "by": "device",
+            }
             result["error"] = f"OutOfMemoryError: {exc}"
             return
         if stages.now is None:  # every stage had passed: the oracle's own reporting failed
@@ -1070,8 +1182,9 @@ def worker_main(gpu_json: str, all_fields: bool, verbose: bool) -> None:
     except BaseException as exc:  # faking the GPU or importing SGLang failed: every command of this GPU crashes
         frame, line = list(traceback.walk_tb(exc.__traceback__))[-1]
         where = f"worker start: {frame.f_code.co_qualname} ({os.path.basename(frame.f_code.co_filename)}:{line})"
-        proto.write(json.dumps({"ready": False, "type": type(exc).__name__, "message": _text(exc),
-                                "where": where}) + "\n")
+        proto.write(
+            json.dumps({"ready": False, "type": type(exc).__name__, "message": _text(exc), "where": where}) + "\n"
+        )
         raise
     proto.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
@@ -1086,11 +1199,21 @@ def worker_main(gpu_json: str, all_fields: bool, verbose: bool) -> None:
 # Router side
 # ----------------------------------------------------------------------------
 
+
 def _crashed(type_: str, message: str, where: str) -> dict:
     """The answer when no engine answer came back: the worker or the router failed."""
-    return {"ok": False, "refusal": None, "crash": {"type": type_, "message": message, "where": where},
-            "error": f"{type_}: {message}", "resolved": None, "kv_pool": None, "reset": [],
-            "warnings": [], "notes": [], "trace": {}}
+    return {
+        "ok": False,
+        "refusal": None,
+        "crash": {"type": type_, "message": message, "where": where},
+        "error": f"{type_}: {message}",
+        "resolved": None,
+        "kv_pool": None,
+        "reset": [],
+        "warnings": [],
+        "notes": [],
+        "trace": {},
+    }
 
 
 class WorkerFailedToStart(Exception):
@@ -1107,8 +1230,12 @@ class WorkerProc:
         if opts.verbose:
             cmd.append("--verbose")
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=None if opts.verbose else subprocess.DEVNULL, text=True, bufsize=1,
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if opts.verbose else subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
         )
         hello = self._read(opts.startup_timeout)
         if not hello.get("ready"):
@@ -1158,8 +1285,9 @@ def router_main(opts) -> None:
                 workers[key] = WorkerProc(req["gpu"], opts)
             else:
                 workers[key] = workers.pop(key)  # most recently used last
-            res = workers[key].ask({"argv": req["argv"], "env": req.get("env"), "memory": req.get("memory")},
-                                   opts.timeout)
+            res = workers[key].ask(
+                {"argv": req["argv"], "env": req.get("env"), "memory": req.get("memory")}, opts.timeout
+            )
             if (res.get("crash") or {}).get("type") == "WorkerDied":
                 workers.pop(key).close()
         except WorkerFailedToStart as exc:

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Emit the vLLM oracle's probe commands (JSON lines) for the bundled configs.
 
-    python3 conformance/vllm_cases.py > /tmp/cases.jsonl
-    .engines/vllm-0.34.0/bin/python conformance/vllm_oracle.py < /tmp/cases.jsonl
+python3 conformance/vllm_cases.py > /tmp/cases.jsonl
+.engines/vllm-0.34.0/bin/python conformance/vllm_oracle.py < /tmp/cases.jsonl
 """
+
 import json
 import os
 
@@ -12,16 +13,44 @@ MODELS = ["kimi-k2.6", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "llama-
 # sm_count / nvlink / p2p: the box's real topology (the SXM boards are NVLinked;
 # the RTX PRO 6000 server is PCIe-only with P2P on).
 GPUS = {
-    "H100": {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 8, "capability": [9, 0],
-             "sm_count": 132, "nvlink": True, "p2p": True},
-    "H200": {"name": "NVIDIA H200", "memory_mib": 143771, "count": 8, "capability": [9, 0],
-             "sm_count": 132, "nvlink": True, "p2p": True},
-    "RTXPRO6000": {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                   "memory_mib": 97887, "count": 8, "capability": [12, 0],
-                   "sm_count": 188, "nvlink": False, "p2p": True},
+    "H100": {
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_mib": 81559,
+        "count": 8,
+        "capability": [9, 0],
+        "sm_count": 132,
+        "nvlink": True,
+        "p2p": True,
+    },
+    "H200": {
+        "name": "NVIDIA H200",
+        "memory_mib": 143771,
+        "count": 8,
+        "capability": [9, 0],
+        "sm_count": 132,
+        "nvlink": True,
+        "p2p": True,
+    },
+    "RTXPRO6000": {
+        "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        "memory_mib": 97887,
+        "count": 8,
+        "capability": [12, 0],
+        "sm_count": 188,
+        "nvlink": False,
+        "p2p": True,
+    },
 }
-DP = ["--data-parallel-size", "16", "--data-parallel-size-local", "8",
-      "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345"]
+DP = [
+    "--data-parallel-size",
+    "16",
+    "--data-parallel-size-local",
+    "8",
+    "--data-parallel-address",
+    "10.0.0.1",
+    "--data-parallel-rpc-port",
+    "13345",
+]
 
 
 def cases():
@@ -37,8 +66,7 @@ def cases():
         ["-tp", "8", "-pp", "2"],
         ["-tp", "8", "-pp", "2", "--distributed-executor-backend", "ray"],
         ["-tp", "8", "-pp", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1"],
-        ["-tp", "8", "-pp", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
-         "--headless"],
+        ["-tp", "8", "-pp", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--headless"],
         ["-tp", "16", "--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1"],
         ["-tp", "1", *DP],
         ["-tp", "1", *DP, "--enable-expert-parallel"],

@@ -17,7 +17,8 @@ Input, one JSON object per line:
 Output, one JSON line per input:
     {"ok": bool, "error": "Type: message" | null,
      "refusal": null | {"stage": "parse"|"config"|"load"|"kv_pool", "type", "message",
-                        "by": "device" (only when the simulated GPU ran out of memory)},
+                        "by": "device" (the simulated GPU ran out of memory) or "oracle"
+                        (a check vLLM makes in code the oracle cannot run, mirrored in its words)},
      "crash": null | {"type", "message", "where"},
      "resolved": {...} | null,
      "kv_pool": null | {"num_blocks", "block_size", "tokens_per_rank" (num_blocks × block_size),
@@ -48,6 +49,7 @@ What is faked (nothing under site-packages is edited; all patches are in memory)
 Each command runs in a forked child of a warm parent: module-level caches,
 warn-once state and os.environ never leak from one command to the next.
 """
+
 import contextlib
 import enum
 import json
@@ -65,8 +67,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(
-    os.path.dirname(os.path.dirname(sys.executable)), "vllm-cache"))
+os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "vllm-cache"))
 if not os.environ.get("ORACLE_VERBOSE"):
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
@@ -79,8 +80,15 @@ PER_COMMAND_TIMEOUT_S = float(os.environ.get("ORACLE_TIMEOUT_S", "120"))
 THIS_FILE = os.path.abspath(__file__)
 # What a request's gpu object may leave out; what was filled in is reported in
 # "gpu_assumed", so an answer never silently rests on a topology nobody gave.
-DEFAULT_GPU = {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "count": 8,
-               "capability": [9, 0], "sm_count": 132, "nvlink": True, "p2p": True}
+DEFAULT_GPU = {
+    "name": "NVIDIA H100 80GB HBM3",
+    "memory_mib": 81559,
+    "count": 8,
+    "capability": [9, 0],
+    "sm_count": 132,
+    "nvlink": True,
+    "p2p": True,
+}
 GPU = dict(DEFAULT_GPU)  # the fake GPU the current command sees
 GiB = 1 << 30
 
@@ -198,9 +206,20 @@ class _FakeOpNamespace:
 def _fake_torch_ops():
     import torch
 
-    for ns in ("_C", "_moe_C", "_C_cache_ops", "_C_custom_ar", "_rocm_C",
-               "_flashmla_C", "_flashmla_extension_C", "_vllm_fa2_C",
-               "_vllm_fa3_C", "_deepselect_C", "_flashkda_C", "_C_utils"):
+    for ns in (
+        "_C",
+        "_moe_C",
+        "_C_cache_ops",
+        "_C_custom_ar",
+        "_rocm_C",
+        "_flashmla_C",
+        "_flashmla_extension_C",
+        "_vllm_fa2_C",
+        "_vllm_fa3_C",
+        "_deepselect_C",
+        "_flashkda_C",
+        "_C_utils",
+    ):
         torch.ops.__dict__[ns] = _FakeOpNamespace(ns)
 
 
@@ -328,9 +347,11 @@ def _load_vllm():
 VLLM, SERVE, make_arg_parser, FlexibleArgumentParser = _load_vllm()
 
 # ---------------------------------------------------------- log capture ----
-NOTE_RE = re.compile(r"reset|ignor|overrid|disabl|fall(ing)? ?back|forc|"
-                     r"not supported|unsupported|defaulting|capping|instead",
-                     re.I)
+NOTE_RE = re.compile(
+    r"reset|ignor|overrid|disabl|fall(ing)? ?back|forc|"
+    r"not supported|unsupported|defaulting|capping|instead",
+    re.I,
+)
 CAPTURED = {"warnings": [], "notes": []}
 _orig_handle = logging.Logger.handle
 
@@ -373,13 +394,17 @@ __import__("argparse").ArgumentParser.error = _argparse_error
 #   kv_pool: the workers' memory profiling and the engine core's KV-cache sizing
 STAGE = ["parse"]
 SITE_VLLM = os.sep + "vllm" + os.sep
-_HOST_PATHS = (os.sep + "torch" + os.sep + "cuda" + os.sep,
-               os.sep + "vllm" + os.sep + "third_party" + os.sep + "pynvml.py")
+_HOST_PATHS = (
+    os.sep + "torch" + os.sep + "cuda" + os.sep,
+    os.sep + "vllm" + os.sep + "third_party" + os.sep + "pynvml.py",
+)
 # Failures of this host's missing GPU / driver, wherever vLLM trips on them.
 _HOST_MESSAGE = re.compile(
     r"not compiled with CUDA|Cannot access accelerator device|requires CUDA support|"
     r"libcuda\.so|no CUDA GPUs are available|NVML Shared Library Not Found|"
-    r"Found no NVIDIA driver", re.I)
+    r"Found no NVIDIA driver",
+    re.I,
+)
 
 
 def _frames(tb):
@@ -402,8 +427,7 @@ def _fake_in_message(exc):
     msg = str(exc)
     # Python names the callee by its qualified name at the start of the message; a
     # bare "<lambda>" (a module-level lambda) would match any lambda, so not those.
-    return next((c for c in _FAKE_CODE
-                 if c.co_qualname != "<lambda>" and msg.startswith(f"{c.co_qualname}()")), None)
+    return next((c for c in _FAKE_CODE if c.co_qualname != "<lambda>" and msg.startswith(f"{c.co_qualname}()")), None)
 
 
 def _crash_cause(exc):
@@ -502,6 +526,8 @@ def verdict(exc):
         if any(isinstance(x, _DeviceOutOfMemory) for x in _chain(exc)):  # the figures refused
             out["refusal"].update(type="OutOfMemoryError", by="device")
             out["error"] = f"OutOfMemoryError: {msg}"[:2000]
+        elif isinstance(exc, _MirroredCheck):  # vLLM's check in vLLM's words, run by the oracle
+            out["refusal"]["by"] = "oracle"
     return out
 
 
@@ -529,8 +555,7 @@ def _engine_config(args, headless):
         engine_args._api_process_count = args.api_server_count
         engine_args._api_process_rank = -1
     kw = {"headless": True} if headless else {}
-    cfg = engine_args.create_engine_config(
-        usage_context=UsageContext.OPENAI_API_SERVER, **kw)
+    cfg = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER, **kw)
     if headless and cfg.parallel_config.data_parallel_size_local <= 0:
         # entrypoints/cli/serve.py run_headless
         raise _MirroredCheck("data_parallel_size_local must be > 0 in headless mode")
@@ -656,8 +681,11 @@ def _pass_config(cc):
     if pc is None:
         return None
     fields = getattr(type(pc), "__dataclass_fields__", {}) or vars(pc)
-    return {k: _plain(getattr(pc, k)) for k in fields
-            if k.startswith(("fuse_", "enable_", "eliminate_")) and getattr(pc, k, None) is not None}
+    return {
+        k: _plain(getattr(pc, k))
+        for k in fields
+        if k.startswith(("fuse_", "enable_", "eliminate_")) and getattr(pc, k, None) is not None
+    }
 
 
 def attention_probe(cfg):
@@ -687,8 +715,9 @@ def attention_probe(cfg):
             old = torch.get_default_dtype()
             torch.set_default_dtype(m.dtype)
             try:
-                cls = get_attn_backend(m.get_head_size(), m.dtype, cfg.cache_config.cache_dtype,
-                                       use_mla=m.use_mla, **kw)
+                cls = get_attn_backend(
+                    m.get_head_size(), m.dtype, cfg.cache_config.cache_dtype, use_mla=m.use_mla, **kw
+                )
             finally:
                 torch.set_default_dtype(old)
         out = {"backend": cls.get_name()}
@@ -721,12 +750,16 @@ def topology_probe(cfg):
         sizes = CustomAllreduce._SUPPORTED_WORLD_SIZES
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"[:300]}
-    on = not (p.disable_custom_all_reduce or tp == 1 or tp not in sizes
-              or (tp > 2 and not full) or not (GPU["p2p"] or GPU["nvlink"]))
+    on = not (
+        p.disable_custom_all_reduce
+        or tp == 1
+        or tp not in sizes
+        or (tp > 2 and not full)
+        or not (GPU["p2p"] or GPU["nvlink"])
+    )
     if local < tp and on:
         on = None  # a TP group across nodes: MNNVL multicast decides, not probed
-    return {"tp_gpus_fully_connected": full, "sm_count": GPU["sm_count"],
-            "custom_all_reduce_expected": on}
+    return {"tp_gpus_fully_connected": full, "sm_count": GPU["sm_count"], "custom_all_reduce_expected": on}
 
 
 # ------------------------------------------------------------ KV stage -----
@@ -736,8 +769,7 @@ def topology_probe(cfg):
 # whose own methods determine_available_memory / initialize_from_config run) that
 # hold a model built on the meta device and a simulated device whose memory
 # counters replay what the request's "memory" says profiling would measure.
-REQUIRED_MEMORY = ("capacity_bytes", "weights_bytes", "non_torch_bytes",
-                   "activation_peak_bytes", "cuda_graph_bytes")
+REQUIRED_MEMORY = ("capacity_bytes", "weights_bytes", "non_torch_bytes", "activation_peak_bytes", "cuda_graph_bytes")
 SIM = {"gpu": None}  # the simulated device of the worker now running
 KV_INFO = {}  # what the KV stage rested on, for the answer when it refuses
 
@@ -769,7 +801,8 @@ class _SimulatedGpu:
         if n > free:
             raise _DeviceOutOfMemory(
                 f"CUDA out of memory (simulated device): {what} of {n / GiB:.2f} GiB with "
-                f"{free / GiB:.2f} GiB free of {self.total / GiB:.2f} GiB")
+                f"{free / GiB:.2f} GiB free of {self.total / GiB:.2f} GiB"
+            )
 
     def alloc(self, n, what="tried to allocate"):
         self._fits(n, what)
@@ -796,9 +829,12 @@ def _install_fake_device_memory():
     import torch
 
     acc = torch.accelerator
-    acc.memory_stats = _fake(lambda d=None: {
-        "allocated_bytes.all.peak": SIM["gpu"].peak,
-        "allocated_bytes.all.current": SIM["gpu"].allocated})
+    acc.memory_stats = _fake(
+        lambda d=None: {
+            "allocated_bytes.all.peak": SIM["gpu"].peak,
+            "allocated_bytes.all.current": SIM["gpu"].allocated,
+        }
+    )
     acc.get_memory_info = _fake(lambda d=None: (SIM["gpu"].free_bytes(), SIM["gpu"].total))
     acc.memory_reserved = _fake(lambda d=None: SIM["gpu"].reserved)
     acc.reset_peak_memory_stats = _fake(lambda d=None: setattr(SIM["gpu"], "peak", SIM["gpu"].allocated))
@@ -873,8 +909,10 @@ def _install_fake_vmm(memory, unchecked):
 
     granule = int(memory.get("vmm_granularity_bytes") or 2 << 20)
     if "vmm_granularity_bytes" not in memory:
-        unchecked.append("vmm_granularity_bytes: 2 MiB assumed (the driver's "
-                         "cuMemGetAllocationGranularity, utils/extensible_tensor.py granule_size)")
+        unchecked.append(
+            "vmm_granularity_bytes: 2 MiB assumed (the driver's "
+            "cuMemGetAllocationGranularity, utils/extensible_tensor.py granule_size)"
+        )
     # The all-reduce that makes every rank warm up the same shapes: one rank here
     # (the engine core still takes the minimum block count over all workers).
     import vllm.v1.worker.gpu_worker as gw
@@ -883,8 +921,7 @@ def _install_fake_vmm(memory, unchecked):
     driver = _FakeVmmDriver(granule)
     et.get_vmm_driver = _fake(lambda: driver)
     # Views over the reservation: meta tensors (the bytes are never touched here).
-    et.uint8_tensor_from_ptr = _fake(
-        lambda ptr, n, dev: torch.empty(n, dtype=torch.uint8, device="meta"))
+    et.uint8_tensor_from_ptr = _fake(lambda ptr, n, dev: torch.empty(n, dtype=torch.uint8, device="meta"))
 
 
 def _fake_process_groups(cfg, pp_rank):
@@ -906,9 +943,16 @@ def _fake_process_groups(cfg, pp_rank):
 
     tp, pcp = p.tensor_parallel_size, getattr(p, "prefill_context_parallel_size", 1)
     dp = p.data_parallel_size
-    sizes = {"_WORLD": p.world_size, "_TP": tp, "_PP": p.pipeline_parallel_size,
-             "_DP": dp, "_EP": dp * pcp * tp, "_EPLB": dp * pcp * tp,
-             "_DCP": getattr(p, "decode_context_parallel_size", 1), "_PCP": pcp}
+    sizes = {
+        "_WORLD": p.world_size,
+        "_TP": tp,
+        "_PP": p.pipeline_parallel_size,
+        "_DP": dp,
+        "_EP": dp * pcp * tp,
+        "_EPLB": dp * pcp * tp,
+        "_DCP": getattr(p, "decode_context_parallel_size", 1),
+        "_PCP": pcp,
+    }
     for name, size in sizes.items():
         if hasattr(ps, name):
             setattr(ps, name, group(name.strip("_").lower(), size, pp_rank if name == "_PP" else 0))
@@ -978,14 +1022,29 @@ def _spec_key(cfg, pp_rank):
     m, c, p = cfg.model_config, cfg.cache_config, cfg.parallel_config
     mm = getattr(m, "multimodal_config", None)
     att = getattr(cfg, "attention_config", None)
-    parts = [VLLM.__version__, m.model, str(m.dtype), m.quantization, str(m.hf_overrides),
-             c.cache_dtype, c.block_size, str(getattr(c, "kv_cache_layout", None)),
-             p.tensor_parallel_size, p.pipeline_parallel_size, pp_rank,
-             getattr(p, "decode_context_parallel_size", 1),
-             getattr(p, "prefill_context_parallel_size", 1), p.data_parallel_size,
-             p.enable_expert_parallel, str(att), str(cfg.speculative_config),
-             str(getattr(mm, "limit_per_prompt", None)), str(getattr(mm, "language_model_only", None)),
-             GPU["capability"], GPU["name"]]
+    parts = [
+        VLLM.__version__,
+        m.model,
+        str(m.dtype),
+        m.quantization,
+        str(m.hf_overrides),
+        c.cache_dtype,
+        c.block_size,
+        str(getattr(c, "kv_cache_layout", None)),
+        p.tensor_parallel_size,
+        p.pipeline_parallel_size,
+        pp_rank,
+        getattr(p, "decode_context_parallel_size", 1),
+        getattr(p, "prefill_context_parallel_size", 1),
+        p.data_parallel_size,
+        p.enable_expert_parallel,
+        str(att),
+        str(cfg.speculative_config),
+        str(getattr(mm, "limit_per_prompt", None)),
+        str(getattr(mm, "language_model_only", None)),
+        GPU["capability"],
+        GPU["name"],
+    ]
     return json.dumps(parts, default=str)
 
 
@@ -1074,8 +1133,7 @@ class _SimRunner:
     def eplb(self):
         return types.SimpleNamespace(suppress=contextlib.nullcontext)
 
-    def initialize_kv_cache(self, kv_cache_config, kv_cache_allocation_context=None,
-                            extensible=False, **kw):
+    def initialize_kv_cache(self, kv_cache_config, kv_cache_allocation_context=None, extensible=False, **kw):
         """v1/worker/gpu/model_runner.py initialize_kv_cache, as far as memory goes:
         an extensible cache reserves the capacity and commits its minimum (the
         allocate hook allocate_kv_cache calls); a plain one is allocated whole."""
@@ -1086,9 +1144,12 @@ class _SimRunner:
             kv_cache_export_handle_types,
         )
 
-        kv = ExtensibleKVCache(kv_cache_config, self._worker.device,
-                               self.cache_config.get_resolved_kv_cache_layout(),
-                               export_handle_types=kv_cache_export_handle_types(self.vllm_config))
+        kv = ExtensibleKVCache(
+            kv_cache_config,
+            self._worker.device,
+            self.cache_config.get_resolved_kv_cache_layout(),
+            export_handle_types=kv_cache_export_handle_types(self.vllm_config),
+        )
         kv.allocate(kv.size)
         self.extensible_kv_cache = kv
 
@@ -1176,7 +1237,7 @@ def _warm_up(worker):
     from vllm.v1.worker.extensible_kv_cache import measure_kv_cache_blocks
 
     gpu, memory = worker.gpu, worker.model_runner._memory
-    gpu.peak = gpu.allocated                       # reset_peak_memory_stats
+    gpu.peak = gpu.allocated  # reset_peak_memory_stats
     gpu.transient(int(memory["activation_peak_bytes"]))  # warmup steps
     kv.commit(kv.min_committed_blocks, shrink=True)
     gpu.transient(int(memory["activation_peak_bytes"]))  # run_kv_cache_sizing_warmup
@@ -1184,9 +1245,13 @@ def _warm_up(worker):
     if not worker.model_config.enforce_eager:
         kv.commit(kv.min_committed_blocks, shrink=True)
         gpu.alloc(worker.model_runner._cuda_graph_bytes(), "CUDA graphs")  # capture_model()
-    blocks = measure_kv_cache_blocks(kv, worker.vllm_config, worker.device,
-                                     init_free_memory=worker.init_snapshot.free_memory,
-                                     requested_memory=int(worker.requested_memory))
+    blocks = measure_kv_cache_blocks(
+        kv,
+        worker.vllm_config,
+        worker.device,
+        init_free_memory=worker.init_snapshot.free_memory,
+        requested_memory=int(worker.requested_memory),
+    )
     return worker_base.CompilationTimes(0.0, 0.0, num_kv_blocks=blocks)
 
 
@@ -1246,17 +1311,23 @@ def _unchecked(memory, cfg):
         "capacity_bytes: the device total torch reports (cudaMemGetInfo)",
     ]
     if "baseline_bytes" not in memory:
-        out.append("baseline_bytes: 0 assumed (CUDA context, NCCL, cuBLAS handles in use at vLLM's "
-                   "init snapshot, gpu_worker.py init_device)")
+        out.append(
+            "baseline_bytes: 0 assumed (CUDA context, NCCL, cuBLAS handles in use at vLLM's "
+            "init snapshot, gpu_worker.py init_device)"
+        )
     if getattr(cfg.cache_config, "enable_extensible_kv_cache", False):
-        out += ["torch_reserve_growth_bytes: 0 assumed (extensible_kv_cache.py: torch's reservation "
-                "growth over a sizing step)",
-                "warmup transient peak: activation_peak_bytes assumed (run_kv_cache_sizing_warmup)",
-                "VMM available on the driver assumed (extensible_kv_cache_unsupported_reason)",
-                "warmup / capture order of gpu_worker.py _compile_or_warm_up_model replayed by the oracle"]
+        out += [
+            "torch_reserve_growth_bytes: 0 assumed (extensible_kv_cache.py: torch's reservation "
+            "growth over a sizing step)",
+            "warmup transient peak: activation_peak_bytes assumed (run_kv_cache_sizing_warmup)",
+            "VMM available on the driver assumed (extensible_kv_cache_unsupported_reason)",
+            "warmup / capture order of gpu_worker.py _compile_or_warm_up_model replayed by the oracle",
+        ]
     if (memory.get("capacity_bytes") or 0) != GPU["memory_mib"] << 20:
-        out.append(f"capacity_bytes {memory.get('capacity_bytes')} differs from NVML's total "
-                   f"{GPU['memory_mib'] << 20} (gpu.memory_mib): sizing uses capacity_bytes")
+        out.append(
+            f"capacity_bytes {memory.get('capacity_bytes')} differs from NVML's total "
+            f"{GPU['memory_mib'] << 20} (gpu.memory_mib): sizing uses capacity_bytes"
+        )
     return out
 
 
@@ -1266,8 +1337,9 @@ def kv_pool(cfg, memory):
 
     STAGE[0] = "kv_pool"
     if cfg.speculative_config is not None:  # never answer with half the cache
-        raise NotImplementedError("the KV stage builds the target model only; "
-                                  "a draft model's KV layers would be missing")
+        raise NotImplementedError(
+            "the KV stage builds the target model only; a draft model's KV layers would be missing"
+        )
     p = cfg.parallel_config
     pp, workers = p.pipeline_parallel_size, p.world_size
     memory = _check_memory(memory, pp)
@@ -1288,12 +1360,12 @@ def kv_pool(cfg, memory):
         worker = _new_worker(cls, cfg, memory, rank, stage, *stages[stage])
         wrappers.append(_wrap(worker, rank, cfg))
     ex = _executor(cfg, wrappers)
-    core = types.SimpleNamespace(model_executor=ex, available_gpu_memory_for_kv_cache=-1,
-                                 collective_rpc=ex.collective_rpc)
+    core = types.SimpleNamespace(
+        model_executor=ex, available_gpu_memory_for_kv_cache=-1, collective_rpc=ex.collective_rpc
+    )
     max_len_before = cfg.model_config.max_model_len
     scheduler_kv = EngineCore._initialize_kv_caches(core, cfg)
     return _describe_pool(cfg, scheduler_kv, wrappers, info, max_len_before)
-
 
 
 def _logical_block(groups, block, cfg):
@@ -1321,9 +1393,10 @@ def _describe_pool(cfg, scheduler_kv, wrappers, info, max_len_before):
         "logical_tokens_per_rank": scheduler_kv.num_blocks * _logical_block(groups, block, cfg),
         "bytes_per_block": _pool_bytes_per_block_from_builder(builder, cfg, groups) if groups else 0,
         "groups": [_group(g) for g in groups],
-        "available_bytes": [w.worker.available_kv_cache_memory_bytes
-                            if hasattr(w.worker, "available_kv_cache_memory_bytes") else None
-                            for w in wrappers],
+        "available_bytes": [
+            w.worker.available_kv_cache_memory_bytes if hasattr(w.worker, "available_kv_cache_memory_bytes") else None
+            for w in wrappers
+        ],
         "engine_reported_tokens": getattr(cfg.cache_config, "kv_cache_size_tokens", None),
         "max_model_len": cfg.model_config.max_model_len,
         "max_model_len_auto_fitted": cfg.model_config.original_max_model_len == -1,
@@ -1350,18 +1423,24 @@ def _stage_pool(cfg, builder, worker):
     if kv is None:
         return None
     groups = kv.kv_cache_groups
-    return {"groups": [_group(g) for g in groups],
-            "bytes_per_block": _pool_bytes_per_block_from_builder(builder, cfg, groups) if groups else 0,
-            "available_bytes": getattr(worker, "available_kv_cache_memory_bytes", None)}
+    return {
+        "groups": [_group(g) for g in groups],
+        "bytes_per_block": _pool_bytes_per_block_from_builder(builder, cfg, groups) if groups else 0,
+        "available_bytes": getattr(worker, "available_kv_cache_memory_bytes", None),
+    }
 
 
 def _group(g):
     spec = g.kv_cache_spec
     first = getattr(spec, "first_spec", None) or spec
-    return {"kind": type(first).__name__, "layers": len(g.layer_names),
-            "block_size": spec.block_size, "page_size_bytes": spec.page_size_bytes,
-            "dtype": str(getattr(first, "dtype", "")).replace("torch.", ""),
-            "sliding_window": getattr(first, "sliding_window", None)}
+    return {
+        "kind": type(first).__name__,
+        "layers": len(g.layer_names),
+        "block_size": spec.block_size,
+        "page_size_bytes": spec.page_size_bytes,
+        "dtype": str(getattr(first, "dtype", "")).replace("torch.", ""),
+        "sliding_window": getattr(first, "sliding_window", None),
+    }
 
 
 # ------------------------------------------------------------- driver ----
@@ -1377,8 +1456,7 @@ def run_one(req):
     os.environ.update({k: str(v) for k, v in (req.get("env") or {}).items()})
     logging.Logger.handle = _capturing_handle
     before = set(sys.modules)
-    out = {"ok": False, "error": None, "refusal": None, "crash": None,
-           "resolved": None, "kv_pool": None}
+    out = {"ok": False, "error": None, "refusal": None, "crash": None, "resolved": None, "kv_pool": None}
     preload = None
     try:
         out["resolved"], cfg = resolve(list(req["argv"]))
@@ -1421,9 +1499,14 @@ def preload(modules):
 
 
 def _child_crash(typ, message):
-    return {"ok": False, "error": f"{typ}: {message}", "refusal": None,
-            "crash": {"type": typ, "message": message, "where": "child"},
-            "resolved": None, "kv_pool": None}
+    return {
+        "ok": False,
+        "error": f"{typ}: {message}",
+        "refusal": None,
+        "crash": {"type": typ, "message": message, "where": "child"},
+        "resolved": None,
+        "kv_pool": None,
+    }
 
 
 def run_forked(req):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from shardwise.errors import SpecError
 
 
 def dumps(payload: Any) -> str:
@@ -17,6 +21,20 @@ def dumps(payload: Any) -> str:
 def line(record: Any) -> str:
     """One JSON line of a record (a sweep's runs, a benchmark's levels), with the same conversions as `dumps`."""
     return json.dumps(plain(record), allow_nan=False)
+
+
+def append_line(path: Path, record: Any) -> None:
+    """Add `record` to a JSONL file as one line and make it durable before going on (a benchmark's level, a sweep's
+    run: what Ctrl-C or a crash must not lose)."""
+    try:
+        with path.open("a", encoding="utf-8") as out:
+            out.write(line(record) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        raise SpecError(
+            f"cannot append to {path}: {exc.strerror or exc}; give a file in a folder you can write to"
+        ) from exc
 
 
 def plain(value: Any) -> Any:

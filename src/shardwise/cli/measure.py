@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from shardwise import jsontext
 from shardwise.cli.app import (
     BurstinessOption,
     CommandModel,
@@ -79,7 +80,7 @@ def bench(
             level = await run_level(target, isl=isl, osl=osl, num_prompts=num_prompts, concurrency=c,
                                     request_rate=rate, burstiness=burstiness, progress=tick)  # fmt: skip
             record = report_bench.level_record(level, url=url, model=model)
-            report_bench.append_record(output, record)
+            jsontext.append_line(output, record)
             records.append(record)
 
     with report_simulation.progress_bar(num_prompts * len(loads), label="benchmarking") as update:

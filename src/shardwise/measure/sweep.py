@@ -102,13 +102,6 @@ def load_records(path: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _append(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as out:
-        out.write(jsontext.line(record) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-
-
 def _predicted(plan: SweepPlan, command: str) -> tuple[str | None, float | None, str | None]:
     """(layout, predicted output tok/s at the highest level, why it would not start) as shardwise sees it."""
     checked = check_command(command, cluster=plan.cluster)
@@ -204,7 +197,7 @@ def sweep(plan: SweepPlan, *, progress: Callable[[str], None] | None = None) -> 
         if progress:
             progress(command)
         record = run_one(plan, command, index)
-        _append(results, record)
+        jsontext.append_line(results, record)
         done[command] = record
     return [done[c] for c in plan.commands if c in done]
 

@@ -4,14 +4,10 @@ time, so an interrupted benchmark keeps every level it finished."""
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from shardwise import jsontext
-from shardwise.errors import SpecError
 from shardwise.measure.bench import LevelResult
 from shardwise.serve.simulate import Stats
 
@@ -46,19 +42,6 @@ def level_record(level: LevelResult, *, url: str, model: str | None, tool: str =
         **_ms("itl", level.itl_s),
         **_ms("e2el", level.e2e_s),
     }
-
-
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Add one line to a JSONL file and make it durable before going on."""
-    try:
-        with path.open("a", encoding="utf-8") as out:
-            out.write(jsontext.line(record) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-    except OSError as exc:
-        raise SpecError(
-            f"cannot append to {path}: {exc.strerror or exc}; give a file in a folder you can write to"
-        ) from exc
 
 
 def levels_table(records: list[dict[str, Any]], *, title: str) -> Table:
