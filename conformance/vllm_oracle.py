@@ -430,6 +430,16 @@ def _fake_in_message(exc):
     return next((c for c in _FAKE_CODE if c.co_qualname != "<lambda>" and msg.startswith(f"{c.co_qualname}()")), None)
 
 
+_STANDINS = []  # objects the oracle made without their __init__ (cls.__new__) or as a namespace, this command
+
+
+def _standin(obj):
+    """Register an object the oracle assembles by hand in place of one vLLM would build: an attribute vLLM reads
+    and the oracle did not set is a gap in the stand-in, so a crash (each command runs in its own fork)."""
+    _STANDINS.append(obj)
+    return obj
+
+
 def _crash_cause(exc):
     """Why one exception (not its chain) is the oracle's failure, or None."""
     if isinstance(exc, ImportError):  # incl. ModuleNotFoundError
@@ -438,6 +448,8 @@ def _crash_cause(exc):
         obj = getattr(exc, "obj", None)
         if obj is not None and (obj in STUB_MODULES.values() or type(obj).__module__ == __name__):
             return f"stub: {getattr(obj, '__name__', type(obj).__name__)} lacks {exc.name!r}"
+        if obj is not None and any(obj is s for s in _STANDINS):
+            return f"stand-in: {type(obj).__name__} made by the oracle lacks {exc.name!r}"
     frames = _frames(exc.__traceback__)
     fake = next((c for c in reversed(frames) if c in _FAKE_CODE), None) or _fake_in_message(exc)
     if fake is not None:
@@ -933,7 +945,7 @@ def _fake_process_groups(cfg, pp_rank):
     p = cfg.parallel_config
 
     def group(name, size, rank=0):
-        g = ps.GroupCoordinator.__new__(ps.GroupCoordinator)
+        g = _standin(ps.GroupCoordinator.__new__(ps.GroupCoordinator))
         pg = _FakeProcessGroup(size, rank)
         g.unique_name, g.rank, g.ranks, g.world_size = name, rank, list(range(size)), size
         g.local_rank, g.rank_in_group = rank, rank
@@ -1087,7 +1099,7 @@ def build_stage_uncached(cfg, pp_rank):
         initialize_model(vllm_config=cfg)
     with set_current_vllm_config(cfg):
         spec = get_kv_cache_spec(cfg)
-        layouts = WorkerBase.get_supported_kv_cache_layouts(types.SimpleNamespace(vllm_config=cfg))
+        layouts = WorkerBase.get_supported_kv_cache_layouts(_standin(types.SimpleNamespace(vllm_config=cfg)))
     cfg.compilation_config.static_forward_context.clear()
     return spec, layouts
 
@@ -1131,7 +1143,7 @@ class _SimRunner:
 
     @property
     def eplb(self):
-        return types.SimpleNamespace(suppress=contextlib.nullcontext)
+        return _standin(types.SimpleNamespace(suppress=contextlib.nullcontext))
 
     def initialize_kv_cache(self, kv_cache_config, kv_cache_allocation_context=None, extensible=False, **kw):
         """v1/worker/gpu/model_runner.py initialize_kv_cache, as far as memory goes:
@@ -1198,14 +1210,14 @@ def _new_worker(cls, cfg, memory, rank, stage, spec, layouts):
     from vllm.utils.mem_utils import MemorySnapshot
     from vllm.v1.worker.utils import request_memory
 
-    w = cls.__new__(cls)
+    w = _standin(cls.__new__(cls))
     w.vllm_config, w.cache_config, w.model_config = cfg, cfg.cache_config, cfg.model_config
     w.parallel_config, w.scheduler_config = cfg.parallel_config, cfg.scheduler_config
     w.compilation_config = cfg.compilation_config
     w.rank = w.local_rank = rank
     w.device = torch.device("cuda:0")
     w.use_v2_model_runner = True
-    w._external_weight_charges = types.SimpleNamespace(fallback_bytes=0, current_bytes=0)
+    w._external_weight_charges = _standin(types.SimpleNamespace(fallback_bytes=0, current_bytes=0))
     w._stage_spec, w._stage_layouts = spec, layouts
     w.gpu = SIM["gpu"] = _SimulatedGpu(int(memory["capacity_bytes"]))
     w.gpu.outside_torch(int(memory.get("baseline_bytes") or 0), "CUDA context and NCCL")
@@ -1276,7 +1288,7 @@ def _executor(cfg, wrappers):
                 results.append(run_method(w, method, args, kwargs or {}))
             return results
 
-    ex = SimExecutor.__new__(SimExecutor)
+    ex = _standin(SimExecutor.__new__(SimExecutor))
     ex.vllm_config = cfg
     return ex
 
@@ -1284,7 +1296,7 @@ def _executor(cfg, wrappers):
 def _wrap(worker, rank, cfg):
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
-    w = WorkerWrapperBase.__new__(WorkerWrapperBase)
+    w = _standin(WorkerWrapperBase.__new__(WorkerWrapperBase))
     w.rpc_rank = w.global_rank = rank
     w.worker, w.vllm_config, w._worker_extension_cls = worker, cfg, None
     return w
@@ -1360,8 +1372,8 @@ def kv_pool(cfg, memory):
         worker = _new_worker(cls, cfg, memory, rank, stage, *stages[stage])
         wrappers.append(_wrap(worker, rank, cfg))
     ex = _executor(cfg, wrappers)
-    core = types.SimpleNamespace(
-        model_executor=ex, available_gpu_memory_for_kv_cache=-1, collective_rpc=ex.collective_rpc
+    core = _standin(
+        types.SimpleNamespace(model_executor=ex, available_gpu_memory_for_kv_cache=-1, collective_rpc=ex.collective_rpc)
     )
     max_len_before = cfg.model_config.max_model_len
     scheduler_kv = EngineCore._initialize_kv_caches(core, cfg)
