@@ -54,3 +54,15 @@ def test_each_command_s_own_help_reflows_too(command, columns):
     end = next(i for i, line in enumerate(lines) if line.startswith("╭"))
     text = [line.rstrip()[1:] for line in lines[start:end] if line.strip()]  # one space of padding
     assert text and not _broken_by_hand(text, columns - 2), command
+
+
+@pytest.mark.parametrize("command", sorted(c.name or c.callback.__name__ for c in app.registered_commands))
+def test_every_option_s_help_is_printed_whole(command):
+    """Rich reads square brackets as markup: an option's help with "[a, b]" in it loses those words unless escaped."""
+    import typer.main
+
+    click_command = typer.main.get_command(app).commands[command]
+    printed = " ".join(" ".join(line.strip("│ ") for line in _help(400, command)).split())
+    for param in click_command.params:
+        help_text = " ".join((getattr(param, "help", None) or "").replace("\\[", "[").split())
+        assert help_text in printed, (command, param.name, help_text)

@@ -92,8 +92,8 @@ RangeRatioOption = Annotated[
     typer.Option(
         min=0.0,
         max=1.0,
-        help="Random lengths, as the engine's benchmark tool draws them with "
-        "--random-range-ratio (SGLang: [ratio × len, len]; vLLM: len × [1 − ratio, 1 + ratio]); default: fixed.",
+        help="Random lengths, as the engine's benchmark tool draws them with --random-range-ratio "
+        "(SGLang: from ratio × len to len; vLLM: from (1 − ratio) × len to (1 + ratio) × len); default: fixed.",
     ),
 ]
 LengthsOption = Annotated[
