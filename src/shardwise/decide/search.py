@@ -20,7 +20,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import combinations
 from typing import Any
@@ -37,12 +37,43 @@ from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
 
+@dataclass(frozen=True)
+class Variant:
+    """The options a setup sets beyond its layout, as data: the engine's declared option variants it turns on, by
+    their names ("CUDA graphs off", "FP8 KV cache"), the context it lowers to and the memory fraction it raises to.
+    The default variant sets none of them (the engine's defaults)."""
+
+    named: tuple[str, ...] = ()
+    max_model_len: int | None = None  # --max-model-len lowered to what the workload needs
+    memory_fraction: float | None = None  # the memory fraction raised (`raised_fraction`)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """Each option as a report names it."""
+        lowered = (f"max model len {self.max_model_len:,}",) if self.max_model_len is not None else ()
+        raised = (f"memory fraction {self.memory_fraction:.2f}",) if self.memory_fraction is not None else ()
+        return (*self.named, *lowered, *raised)
+
+    @property
+    def label(self) -> str:
+        """ "" for the engine's defaults, else its options ("CUDA graphs off, memory fraction 0.93")."""
+        return ", ".join(self.options)
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """Its options, a raised memory fraction or a lowered context counted as one whatever its value (each
+        layout's own)."""
+        lowered = ("max model len lowered",) if self.max_model_len is not None else ()
+        raised = ("memory fraction raised",) if self.memory_fraction is not None else ()
+        return frozenset((*self.named, *lowered, *raised))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
     """A setup that starts, with its predictions at every concurrency of the search."""
 
     engine: str
-    variant: str  # "" for the engine's defaults, else the option variant ("CUDA graphs off", …)
+    variant: Variant  # the options it sets beyond its layout
     given: dict[str, Any]  # its options as its command gives them, by canonical name
     version: str  # the engine release it was set up for
     layout: Layout
@@ -89,20 +120,16 @@ class Candidate:
 
     @cached_property
     def name(self) -> str:
-        return f"{self.engine} {self.layout.describe()}" + (f", {self.variant}" if self.variant else "")
+        return ", ".join(filter(None, [f"{self.engine} {self.layout.describe()}", self.variant.label]))
 
     @property
     def options(self) -> tuple[str, ...]:
         """The engine options it sets beyond the layout ("CUDA graphs off", "FP8 KV cache", ...)."""
-        return tuple(self.variant.split(", ")) if self.variant else ()
+        return self.variant.options
 
-    @cached_property
+    @property
     def option_kinds(self) -> frozenset[str]:
-        """Its options, a raised memory fraction or a lowered context counted as one whatever its value (each
-        layout's own)."""
-        kinds = {"memory fraction raised" if o.startswith("memory fraction") else
-                 "max model len lowered" if o.startswith("max model len") else o for o in self.options}  # fmt: skip
-        return frozenset(kinds)
+        return self.variant.kinds
 
     @cached_property
     def gpus(self) -> int:
@@ -172,7 +199,7 @@ class _Search:
         self.model, self.model_ref, self.cluster = model, model_ref, cluster
         self.isl, self.osl, self.concurrency = isl, osl, tuple(concurrency)
         self.candidates: list[Candidate] = []
-        self.pending: list[tuple[Engine, Setup, MemoryLedger, str]] = []
+        self.pending: list[tuple[Engine, Setup, MemoryLedger, Variant]] = []
         self.excluded: dict[str, Excluded] = {}
         self._seen: set[tuple[str, tuple[int, ...], str]] = set()
 
@@ -205,7 +232,7 @@ class _Search:
             return
         self._seen.add(key)
         added, started = 0, None
-        for label, options in [("", {}), *_option_sets(engine, given)]:
+        for named, options in [(Variant(), {}), *_option_sets(engine, given)]:
             if not options:  # the command as given: set up and sized above
                 variant, v_memory = setup, memory
             else:
@@ -213,12 +240,12 @@ class _Search:
                 if not variant.valid or variant.layout is None:
                     continue
                 v_memory = memory_ledger(self.model, variant.layout, self.cluster)
-            label, options, variant, v_memory = self._with_shorter_context(engine, label, {**given, **options},
+            named, options, variant, v_memory = self._with_shorter_context(engine, named, {**given, **options},
                                                                            variant, v_memory, version)  # fmt: skip
-            for v_label, v_setup, v_ledger in self._with_raised_fraction(engine, label, {**given, **options},
+            for v_named, v_setup, v_ledger in self._with_raised_fraction(engine, named, {**given, **options},
                                                                           variant, v_memory, version):  # fmt: skip
                 if v_ledger.verdict == "ok" and self._holds(v_setup.layout, v_ledger):
-                    self.pending.append((engine, v_setup, v_ledger, v_label))
+                    self.pending.append((engine, v_setup, v_ledger, v_named))
                     added += 1
                 elif v_ledger.verdict == "ok" and started is None:
                     started = (v_setup, v_ledger)
@@ -233,35 +260,35 @@ class _Search:
         return within and memory.max_concurrency(isl=self.isl, osl=self.osl) >= 1
 
     def _with_shorter_context(
-        self, engine: Engine, label: str, given: dict[str, Any], setup: Setup, memory: MemoryLedger, version: Any
-    ) -> tuple[str, dict[str, Any], Setup, MemoryLedger]:
+        self, engine: Engine, named: Variant, given: dict[str, Any], setup: Setup, memory: MemoryLedger, version: Any
+    ) -> tuple[Variant, dict[str, Any], Setup, MemoryLedger]:
         """Where the engine refuses to start because its KV pool cannot hold one request of the model's whole context
         (vLLM), the option set with the context lowered to the smallest power of two that holds the workload's
         requests, as people set --max-model-len; else the option set as it is."""
         flag = engine.context_option
         if flag is None or flag in given or memory.verdict != "no_kv_room" or setup.layout is None:
-            return label, given, setup, memory
+            return named, given, setup, memory
         need = 1 << (self.isl + self.osl - 1).bit_length()
         current = setup.layout.options.max_model_len
         if current is not None and need >= current:
-            return label, given, setup, memory
+            return named, given, setup, memory
         shorter = engine.setup({**given, flag: need}, model=self.model, cluster=self.cluster, version=version)
         if not shorter.valid or shorter.layout is None:
-            return label, given, setup, memory
+            return named, given, setup, memory
         ledger = memory_ledger(self.model, shorter.layout, self.cluster)
         if ledger.verdict != "ok":
-            return label, given, setup, memory
-        name = ", ".join(filter(None, [label, f"max model len {need:,}"]))
-        return name, {**given, flag: need}, shorter, ledger
+            return named, given, setup, memory
+        return replace(named, max_model_len=need), {**given, flag: need}, shorter, ledger
 
-    def _with_raised_fraction(self, engine: Engine, label: str, given: dict[str, Any], setup: Setup,
-                              memory: MemoryLedger, version: Any) -> list[tuple[str, Setup, MemoryLedger]]:  # fmt: skip
+    def _with_raised_fraction(
+        self, engine: Engine, named: Variant, given: dict[str, Any], setup: Setup, memory: MemoryLedger, version: Any
+    ) -> list[tuple[Variant, Setup, MemoryLedger]]:
         """The option set as the engine sizes it, and with the memory fraction raised (`raised_fraction`)."""
-        out = [(label, setup, memory)]
+        out = [(named, setup, memory)]
         raised = raised_fraction(engine, given, setup, memory, model=self.model, cluster=self.cluster, version=version)
         if raised is not None:
             fraction, higher, ledger = raised
-            out.append((", ".join(filter(None, [label, f"memory fraction {fraction:.2f}"])), higher, ledger))
+            out.append((replace(named, memory_fraction=fraction), higher, ledger))
         return out
 
     def _fits(self, engine: str, launch: tuple[str, ...], layout: Layout, memory: MemoryLedger, tried: bool) -> bool:
@@ -348,14 +375,15 @@ def raised_fraction(engine: Engine, given: dict[str, Any], setup: Setup, memory:
     return raised, higher, memory_ledger(model, higher.layout, cluster)
 
 
-def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[Variant, dict[str, Any]]]:
     """Every non-empty combination of the engine's option variants the command does not already set."""
     fresh = [(label, opts) for label, opts in engine.option_variants
              if not all(given.get(k) == v for k, v in opts.items())]  # fmt: skip
     out = []
     for size in range(1, len(fresh) + 1):
         for combo in combinations(fresh, size):
-            out.append((", ".join(label for label, _ in combo), {k: v for _, opts in combo for k, v in opts.items()}))
+            out.append((Variant(named=tuple(label for label, _ in combo)),
+                        {k: v for _, opts in combo for k, v in opts.items()}))  # fmt: skip
     return out
 
 

@@ -84,7 +84,7 @@ def _engine_option(result: SearchResult, winner: Candidate, engine: Engine, labe
     setup, sweep = priced
     assert setup.layout is not None
     peak = max(sweep, key=lambda p: p.output_tok_s)
-    name = ", ".join(filter(None, [f"{winner.engine} {setup.layout.describe()}", winner.variant, label]))
+    name = ", ".join(filter(None, [f"{winner.engine} {setup.layout.describe()}", winner.variant.label, label]))
     return WhatIf(label=label, setup=name, output_tok_s=peak.output_tok_s,
                   gain=peak.output_tok_s / base,
                   note=f"peak at {peak.concurrency} clients, {peak.running} running")  # fmt: skip

@@ -44,7 +44,7 @@ figure { margin: 1.2em 0 2em; } figure svg { display: block; width: 100%; height
 
 def _label(n: int, c: Candidate) -> str:
     """A setup's name on the charts: its number in the ranking and its layout, over its options."""
-    return f"#{n} {c.engine} {c.layout.describe()}" + (f"\n{c.variant}" if c.variant else "")
+    return f"#{n} {c.engine} {c.layout.describe()}" + (f"\n{c.variant.label}" if c.variant.label else "")
 
 
 def _figure(height: float) -> tuple[Figure, Axes]:

@@ -160,7 +160,7 @@ def _memory_line(c: Candidate) -> str:
         f"Each GPU at {fraction}: weights {row.weights_bytes / gib:.1f} GiB, KV cache {row.kv_bytes / gib:.1f}, "
         f"CUDA stack and buffers {row.runtime_bytes / gib:.1f}, activation peak {row.activation_bytes / gib:.1f}, "
         f"CUDA graphs {row.cuda_graph_bytes / gib:.1f}; {row.free_bytes / gib:.1f} GiB left over"
-        f"{_kept_for(opts, raised='memory fraction' in c.variant)}."
+        f"{_kept_for(opts, raised=c.variant.memory_fraction is not None)}."
     )
 
 
@@ -391,7 +391,7 @@ def _candidate_payload(c: Candidate, isl: int, osl: int) -> dict[str, Any]:
     return {
         "engine": c.engine,
         "layout": c.layout.describe(),
-        "variant": c.variant or None,
+        "variant": c.variant.label or None,
         "launch": list(c.launch),
         "launch_per_node": [list(cmd) for cmd in c.launches],
         "gpus": c.gpus,
