@@ -10,19 +10,19 @@ from shardwise.serve.speculative import DraftPass, accept_length_from_rate, chec
 def test_eagle_chain_drafts_steps_minus_one_then_extends():
     """SGLang eagle_worker: 3 steps, top-k 1 → 2 draft forwards of 1 token (the first token came from the last
     extend), verify 4 tokens, extend the draft over the 4 newest tokens."""
-    plan = spec_plan(SpecDecode(algorithm="EAGLE", num_steps=3, topk=1, num_draft_tokens=4))
+    plan = spec_plan(SpecDecode(algorithm="EAGLE", kind="eagle", num_steps=3, topk=1, num_draft_tokens=4))
     assert plan.passes == (DraftPass(tokens_per_request=1, count=2), DraftPass(tokens_per_request=4, count=1))
     assert (plan.verify_tokens, plan.drafted) == (4, 3)
 
 
 def test_dflash_drafts_a_block_in_one_forward():
-    plan = spec_plan(SpecDecode(algorithm="DFLASH", num_steps=1, topk=1), block_size=8)
+    plan = spec_plan(SpecDecode(algorithm="DFLASH", kind="block", num_steps=1, topk=1), block_size=8)
     assert plan.passes == (DraftPass(tokens_per_request=8, count=1),)
     assert (plan.verify_tokens, plan.drafted) == (8, 7)
 
 
 def test_ngram_has_no_drafter_forward():
-    plan = spec_plan(SpecDecode(algorithm="NGRAM", num_draft_tokens=8))
+    plan = spec_plan(SpecDecode(algorithm="NGRAM", kind="lookup", num_draft_tokens=8))
     assert plan.passes == () and not plan.needs_drafter and plan.verify_tokens == 8
 
 
@@ -33,7 +33,7 @@ def test_acceptance_rate_to_length_by_hand():
 
 
 def test_impossible_acceptance_is_a_clear_error():
-    plan = spec_plan(SpecDecode(algorithm="EAGLE", num_steps=3, topk=1))
+    plan = spec_plan(SpecDecode(algorithm="EAGLE", kind="eagle", num_steps=3, topk=1))
     assert check_accept_length(4.0, plan) == 4.0
     with pytest.raises(SpecError, match="from 1 to 4"):
         check_accept_length(4.5, plan)
@@ -42,4 +42,4 @@ def test_impossible_acceptance_is_a_clear_error():
     with pytest.raises(SpecError, match="not modelled"):
         spec_plan(SpecDecode(algorithm="LOOKAHEAD"))
     with pytest.raises(SpecError, match="block size"):
-        spec_plan(SpecDecode(algorithm="DFLASH"))
+        spec_plan(SpecDecode(algorithm="DFLASH", kind="block"))

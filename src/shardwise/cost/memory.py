@@ -42,7 +42,6 @@ from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import Weight, model_weights
 
 GiB = 2**30
-EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "mtp", "eagle", "eagle3")
 
 
 class GpuMemory(Frozen):
@@ -206,7 +205,7 @@ def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None =
     read: the pipeline, how each tensor is split (`weight_split`) and whether the MTP layers draft; a search sizes
     each structure with CUDA graphs off, the memory fraction raised and so on, and many structures split alike."""
     spec = layout.options.spec
-    mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and model.num_mtp_layers)
+    mtp = bool(spec and spec.kind == "eagle" and model.num_mtp_layers)
     key = (mtp, layout.pp, layout.pp_extra_layers, weight_split(layout))
     return _STAGE_WEIGHTS.get((model, drafter), key, lambda: tuple(_weights_per_stage(model, layout, drafter, mtp)))
 
@@ -256,7 +255,7 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
         per_gpu_heads = max(1, kv_heads // max(1, layout.attn_tp // layout.dcp))
         per_layer = per_layer * per_gpu_heads / kv_heads
     spec = layout.options.spec
-    mtp = bool(spec and spec.algorithm in EAGLE_FAMILY and not spec.draft_model)
+    mtp = bool(spec and spec.kind == "eagle" and not spec.draft_model)
     pool = layout.options.window_pool
     if pool is not None and "sliding" in kinds:
         full, sliding = kinds.count("full"), kinds.count("sliding")

@@ -23,12 +23,19 @@ from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import Weight
 
 MoeComm = Literal["allreduce", "all2all", "allgather_reducescatter"]
+DraftKind = Literal["eagle", "draft_model", "block", "lookup"]
 
 
 class SpecDecode(Frozen):
     """Speculative decoding as configured (acceptance is a workload matter, not a layout one)."""
 
-    algorithm: str = Field(description="EAGLE, EAGLE3, MTP, NGRAM, DFLASH, ...")
+    algorithm: str = Field(description="as the engine names it: EAGLE, EAGLE3, NEXTN, mtp, NGRAM, DFLASH, ...")
+    kind: DraftKind | None = Field(
+        default=None,
+        description="how it drafts, whatever the engine calls it: eagle (a chain from EAGLE heads or the model's own "
+        "MTP layers), draft_model (a chain from a separate small model), block (one drafter forward over a block: "
+        "DFlash), lookup (n-grams found on the host); None for an algorithm shardwise does not model",
+    )
     num_steps: int | None = None
     num_draft_tokens: int | None = None
     topk: int | None = None

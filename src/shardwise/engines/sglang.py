@@ -24,6 +24,15 @@ from shardwise.engines.sglang_swa import window_pool
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
+# how each of SGLang's speculative algorithms drafts (speculative/spec_info.py SpeculativeAlgorithm)
+DRAFT_KINDS = {
+    **dict.fromkeys(EAGLE_FAMILY, "eagle"),
+    "STANDALONE": "draft_model",
+    "DFLASH": "block",
+    "DSPARK": "block",
+    "NGRAM": "lookup",
+}
+
 V0522, V0523 = Version("0.5.22"), Version("0.5.23")
 
 
@@ -224,6 +233,7 @@ def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
     if f.get("speculative_algorithm"):
         spec = SpecDecode(
             algorithm=f["speculative_algorithm"],
+            kind=DRAFT_KINDS.get(f["speculative_algorithm"]),
             num_steps=f.get("speculative_num_steps"),
             num_draft_tokens=f.get("speculative_num_draft_tokens"),
             topk=f.get("speculative_eagle_topk"),

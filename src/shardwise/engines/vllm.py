@@ -27,6 +27,17 @@ V014 = Version("0.14.0")  # async scheduling on by default from here
 A2A_DISPATCH = ("deepep", "mori", "moonep", "nixl", "flashinfer")  # backends that send tokens to their experts
 REMOVED_A2A = {"pplx", "naive"}
 
+# how each of vLLM's speculative methods drafts (config/speculative.py SpeculativeConfig.method)
+DRAFT_KINDS = {
+    "eagle": "eagle",
+    "eagle3": "eagle",
+    "mtp": "eagle",
+    "draft_model": "draft_model",
+    "dflash": "block",
+    "dspark": "block",
+    "ngram": "lookup",
+}
+
 
 def effective_flags(
     given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
@@ -123,6 +134,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         cfg = f["speculative_config"]
         spec = SpecDecode(
             algorithm=str(cfg.get("method", "draft_model")),
+            kind=DRAFT_KINDS.get(str(cfg.get("method", "draft_model"))),
             num_draft_tokens=cfg.get("num_speculative_tokens"),
             draft_model=cfg.get("model"),
         )

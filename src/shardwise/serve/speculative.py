@@ -20,10 +20,6 @@ from dataclasses import dataclass
 from shardwise.engines.layout import SpecDecode
 from shardwise.errors import SpecError
 
-CHAIN_DRAFTS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP", "MTP", "DRAFT_MODEL"})
-BLOCK_DRAFTS = frozenset({"DFLASH", "DSPARK"})
-LOOKUP_DRAFTS = frozenset({"NGRAM"})
-
 
 @dataclass(frozen=True, kw_only=True)
 class DraftPass:
@@ -46,18 +42,18 @@ class SpecPlan:
 def spec_plan(spec: SpecDecode, *, block_size: int | None = None) -> SpecPlan:
     """The forwards of one speculative step as `spec` configures them."""
     name = spec.algorithm.upper()
-    if name in BLOCK_DRAFTS:
+    if spec.kind == "block":
         block = spec.num_draft_tokens or block_size
         if not block:
             raise SpecError(f"{name} drafting needs its block size: give --speculative-dflash-block-size")
         return SpecPlan(algorithm=name, passes=(DraftPass(tokens_per_request=block, count=1),), verify_tokens=block,
                         drafted=block - 1)  # fmt: skip
-    if name in LOOKUP_DRAFTS:
+    if spec.kind == "lookup":
         drafted = spec.num_draft_tokens or 0
         if drafted < 1:
             raise SpecError("NGRAM drafting needs --speculative-num-draft-tokens")
         return SpecPlan(algorithm=name, passes=(), verify_tokens=drafted, drafted=drafted - 1)
-    if name in CHAIN_DRAFTS:
+    if spec.kind in ("eagle", "draft_model"):
         steps, topk = spec.num_steps or 0, spec.topk or 1
         if steps < 1:
             raise SpecError(f"{name} drafting needs --speculative-num-steps (1 or more)")
@@ -68,7 +64,7 @@ def spec_plan(spec: SpecDecode, *, block_size: int | None = None) -> SpecPlan:
         return SpecPlan(algorithm=name, passes=tuple(passes), verify_tokens=verify, drafted=steps)
     raise SpecError(
         f"speculative algorithm {spec.algorithm!r} is not modelled; "
-        f"known: {', '.join(sorted(CHAIN_DRAFTS | BLOCK_DRAFTS | LOOKUP_DRAFTS))}"
+        "modelled: chains drafted by EAGLE heads, MTP layers or a draft model; DFlash blocks; n-gram lookup"
     )
 
 
