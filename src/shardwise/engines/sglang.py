@@ -225,7 +225,7 @@ def effective_flags(
     return f, notes
 
 
-def layout_of(f: dict[str, Any], version: Version, model: ModelSpec) -> Layout:
+def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
     """The engine-neutral placement of an effective SGLang configuration."""
     tp, spanning = f["tp_size"], f["moe_a2a_backend"] in A2A_EP_SPANNING
     attn_tp = tp // f["attn_dp_size"] // f["attn_cp_size"]
@@ -328,7 +328,7 @@ class SGLang(FlagEngine):
         return effective_flags(given, version=version, cluster=cluster, model=model)
 
     def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
-        return layout_of(flags, version, model)
+        return layout_of(flags, model, version)
 
     def gpus_used(self, flags: dict[str, Any]) -> int:
         return flags["dp_size"] * flags["tp_size"] * flags["pp_size"]
