@@ -188,10 +188,19 @@ def workloads_of(
         engine, lengths, isl=isl, osl=osl, ratio=range_ratio, num_prompts=num_prompts, seed=seed
     )
     workloads = [
-        WorkloadSpec(input=inputs, output=outputs, pairs=pairs, num_requests=num_prompts, concurrency=c,
-                     request_rate=r, burstiness=burstiness, seed=seed, decode_only=decode_only)
+        WorkloadSpec(
+            input=inputs,
+            output=outputs,
+            pairs=pairs,
+            num_requests=num_prompts,
+            concurrency=c,
+            request_rate=r,
+            burstiness=burstiness,
+            seed=seed,
+            decode_only=decode_only,
+        )
         for c, r in loads_of(concurrency, request_rate)
-    ]  # fmt: skip
+    ]
     return workloads, inputs, outputs, pairs
 
 

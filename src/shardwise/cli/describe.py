@@ -195,17 +195,32 @@ def check(
             note = "no predictions: speculative decoding needs its acceptance (--accept-length or --accept-rate)"
         elif simulating:
             workloads, *_ = workloads_of(
-                setup.engine, concurrency=concurrency, request_rate=request_rate, lengths=lengths, isl=isl, osl=osl,
-                range_ratio=range_ratio, num_prompts=num_prompts or 1000, burstiness=burstiness, seed=seed,
+                setup.engine,
+                concurrency=concurrency,
+                request_rate=request_rate,
+                lengths=lengths,
+                isl=isl,
+                osl=osl,
+                range_ratio=range_ratio,
+                num_prompts=num_prompts or 1000,
+                burstiness=burstiness,
+                seed=seed,
                 decode_only=decode_only,
-            )  # fmt: skip
+            )
             steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
             simulated = [run_simulation(steps, memory, w) for w in workloads]
         else:
             predicted = predict(
-                checked.model, setup.layout, cluster_spec, memory, concurrency=levels, isl=isl, osl=osl,
-                accept_length=acceptance, decode_only=decode_only,
-            )  # fmt: skip
+                checked.model,
+                setup.layout,
+                cluster_spec,
+                memory,
+                concurrency=levels,
+                isl=isl,
+                osl=osl,
+                accept_length=acceptance,
+                decode_only=decode_only,
+            )
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
         payload["predicted"] = report_predictions.predictions_payload(predicted) if predicted else None
@@ -232,8 +247,9 @@ def check(
         raise typer.Exit(1)
 
 
-def _layout_rows(engine: Engine, found: list[Setup], model: ModelSpec, cluster: ClusterSpec, *,
-                 model_ref: str) -> list[report_setups.LayoutRow]:  # fmt: skip
+def _layout_rows(
+    engine: Engine, found: list[Setup], model: ModelSpec, cluster: ClusterSpec, *, model_ref: str
+) -> list[report_setups.LayoutRow]:
     """Each layout at the engine's defaults; where none fits there, each at the highest memory fraction the engine's
     rules allow, as theorise raises it (where raising adds room)."""
     sized = [(s, memory_ledger(model, s.layout, cluster)) for s in found if s.layout is not None]
@@ -241,8 +257,13 @@ def _layout_rows(engine: Engine, found: list[Setup], model: ModelSpec, cluster: 
     rows = []
     for setup, memory in sized:
         default = setup.layout.options.memory_fraction if setup.layout else None
-        raised = raised_fraction(engine, setup.given, setup, memory, model=model, cluster=cluster,
-                                 version=engine.version(setup.version)) if none_fits else None  # fmt: skip
+        raised = (
+            raised_fraction(
+                engine, setup.given, setup, memory, model=model, cluster=cluster, version=engine.version(setup.version)
+            )
+            if none_fits
+            else None
+        )
         if raised is not None:
             _, setup, memory = raised
         commands = engine.launch_commands(setup, model_ref=model_reference(model_ref), remote_code=model.remote_code)
@@ -286,10 +307,14 @@ def layouts(
             continue
         fits = any(r.memory.verdict == "ok" for r in rows)
         title = report_setups.layouts_heading(
-            rows, engine=name, model=model, cluster=cluster_spec.name, show_all=show_all,
+            rows,
+            engine=name,
+            model=model,
+            cluster=cluster_spec.name,
+            show_all=show_all,
             flag=_fraction_flag(engine, rows[0].setup.version) if rows else None,
             would_fit=() if fits else would_fit(spec, cluster_spec, isl=isl, osl=osl),
-        )  # fmt: skip
+        )
         report_table.print_renderable(report_setups.layouts_table(shown, title=title, isl=isl, osl=osl))
     if json:
         typer.echo(report_json.dumps(payload))

@@ -77,8 +77,16 @@ def bench(
             def tick(k: int, done: int = n * num_prompts, text: str = label) -> None:
                 update(text, done + k)
 
-            level = await run_level(target, isl=isl, osl=osl, num_prompts=num_prompts, concurrency=c,
-                                    request_rate=rate, burstiness=burstiness, progress=tick)  # fmt: skip
+            level = await run_level(
+                target,
+                isl=isl,
+                osl=osl,
+                num_prompts=num_prompts,
+                concurrency=c,
+                request_rate=rate,
+                burstiness=burstiness,
+                progress=tick,
+            )
             record = report_bench.level_record(level, url=url, model=model)
             jsontext.append_line(output, record)
             records.append(record)
@@ -213,10 +221,13 @@ def _calibrate_memory(log: Path, *, command: str | None, gpus: str, output: Path
     payload = {
         **fit.calibration.model_dump(mode="json"),
         "default_non_torch_bytes": fit.default_non_torch_bytes,
-        "kv_tokens": {"logged": fit.logged_kv_tokens, "default": fit.default_kv_tokens,
-                      "calibrated": fit.fitted_kv_tokens},
+        "kv_tokens": {
+            "logged": fit.logged_kv_tokens,
+            "default": fit.default_kv_tokens,
+            "calibrated": fit.fitted_kv_tokens,
+        },
         "profile": str(output),
-    }  # fmt: skip
+    }
     if json:
         typer.echo(report_json.dumps(payload))
     else:
@@ -258,17 +269,31 @@ def sweep(
         commands += _plan_commands(plan)
     if top:
         spec = load_model(model)
-        theory = run_theorise(spec, cluster_spec, model_ref=model, engines=["sglang"], isl=isl, osl=osl,
-                              concurrency=int_list(concurrency, "--concurrency"))  # fmt: skip
+        theory = run_theorise(
+            spec,
+            cluster_spec,
+            model_ref=model,
+            engines=["sglang"],
+            isl=isl,
+            osl=osl,
+            concurrency=int_list(concurrency, "--concurrency"),
+        )
         single_node = [s for s in theory.ranking.scores if len(s.candidate.launches) == 1]  # a sweep runs here
         commands += [command_text(list(s.candidate.launch)) for s in single_node[:top]]
     if not commands:
         raise SpecError("give setups to sweep: --command '<launch command>' (repeatable), --plan FILE or --top N")
     sweep_plan = SweepPlan(
-        commands=tuple(dict.fromkeys(commands)), cluster=cluster_spec,
-        concurrency=tuple(int_list(concurrency, "--concurrency")), isl=isl, osl=osl, num_prompts=num_prompts,
-        folder=folder, launcher=launcher, health_timeout_s=health_timeout, force=force,
-    )  # fmt: skip
+        commands=tuple(dict.fromkeys(commands)),
+        cluster=cluster_spec,
+        concurrency=tuple(int_list(concurrency, "--concurrency")),
+        isl=isl,
+        osl=osl,
+        num_prompts=num_prompts,
+        folder=folder,
+        launcher=launcher,
+        health_timeout_s=health_timeout,
+        force=force,
+    )
     records = run_sweep(sweep_plan, progress=lambda c: typer.echo(f"sweeping: {c}", err=True))
     calibration, why = recalibrate(records, sweep_plan)
     ranked = reranked(records, sweep_plan, calibration)

@@ -98,9 +98,18 @@ def simulate(
     acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
     steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
     workloads, input_lengths, output_lengths, pairs = workloads_of(
-        setup.engine, concurrency=concurrency, request_rate=request_rate, lengths=lengths, isl=isl, osl=osl,
-        range_ratio=range_ratio, num_prompts=num_prompts, burstiness=burstiness, seed=seed, decode_only=decode_only,
-    )  # fmt: skip
+        setup.engine,
+        concurrency=concurrency,
+        request_rate=request_rate,
+        lengths=lengths,
+        isl=isl,
+        osl=osl,
+        range_ratio=range_ratio,
+        num_prompts=num_prompts,
+        burstiness=burstiness,
+        seed=seed,
+        decode_only=decode_only,
+    )
     runs = [(steps, memory)]
     if acceptance is not None:  # the same command without drafting, to say what speculative decoding gains
         plain = check_command(without_speculative(ctx.args), cluster=cluster_spec, model=model, version=engine_version)
@@ -126,12 +135,18 @@ def simulate(
         payload = {
             "launch": launch,
             "layout": setup.layout.describe(),
-            "workload": {"input": input_lengths.model_dump(), "output": output_lengths.model_dump(),
-                         "pairs": len(pairs), "num_prompts": num_prompts, "burstiness": burstiness, "seed": seed,
-                         "decode_only": decode_only},
+            "workload": {
+                "input": input_lengths.model_dump(),
+                "output": output_lengths.model_dump(),
+                "pairs": len(pairs),
+                "num_prompts": num_prompts,
+                "burstiness": burstiness,
+                "seed": seed,
+                "decode_only": decode_only,
+            },
             "accept_length": acceptance,
             "results": report_simulation.results_payload(results[0], baseline),
-        }  # fmt: skip
+        }
         typer.echo(report_json.dumps(payload))
     else:
         mean_in, mean_out = workloads[0].mean_lengths
@@ -214,10 +229,18 @@ def theorise(
                 "(len × [1 − ratio, 1 + ratio]); give --framework sglang or --framework vllm with it"
             )
         workloads, _, _, pairs = workloads_of(
-            engines[0], concurrency=concurrency, request_rate=request_rate or (None if concurrency else "inf"),
-            lengths=lengths, isl=isl, osl=osl, range_ratio=range_ratio, num_prompts=num_prompts or 1000,
-            burstiness=burstiness, seed=seed, decode_only=False,
-        )  # fmt: skip
+            engines[0],
+            concurrency=concurrency,
+            request_rate=request_rate or (None if concurrency else "inf"),
+            lengths=lengths,
+            isl=isl,
+            osl=osl,
+            range_ratio=range_ratio,
+            num_prompts=num_prompts or 1000,
+            burstiness=burstiness,
+            seed=seed,
+            decode_only=False,
+        )
         if pairs:  # the screen prices the dataset's mean lengths
             isl, osl = (round(mean) for mean in workloads[0].mean_lengths)
     cluster_spec = with_profile(load_cluster(gpus), profile)
@@ -225,12 +248,23 @@ def theorise(
     with no_cycle_collection():  # the search and its report make no reference cycles: none to walk for
         with report_simulation.progress_bar(1, label="predicting setups") as update:
             theory = run_theorise(
-                spec, cluster_spec, model_ref=model, engines=engines, isl=isl, osl=osl, concurrency=levels,
-                objective=goal, tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
-                ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None, accept_length=accept_length,
-                version=engine_version, workloads=workloads, lengths=lengths, range_ratio=range_ratio,
+                spec,
+                cluster_spec,
+                model_ref=model,
+                engines=engines,
+                isl=isl,
+                osl=osl,
+                concurrency=levels,
+                objective=goal,
+                tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
+                ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None,
+                accept_length=accept_length,
+                version=engine_version,
+                workloads=workloads,
+                lengths=lengths,
+                range_ratio=range_ratio,
                 progress=lambda done, total: update("predicting setups", done / total),
-            )  # fmt: skip
+            )
         if markdown is not None:
             report_files.write_text(markdown, report_theory.theory_markdown(theory, top=top))
         if html is not None:

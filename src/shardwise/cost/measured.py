@@ -51,5 +51,10 @@ class MeasuredKernels:
             seconds += found[0] * gemm.share
             beyond = beyond or found[1]
         assert grid is not None
-        return Measured(seconds=seconds, source=grid.source, extrapolated=beyond, release=grid.release,
-                        untimed_kernels=op.untimed_kernels)  # fmt: skip
+        return Measured(
+            seconds=seconds,
+            source=grid.source,
+            extrapolated=beyond,
+            release=grid.release,
+            untimed_kernels=op.untimed_kernels,
+        )

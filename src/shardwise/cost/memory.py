@@ -129,10 +129,19 @@ class MemoryLedger(Frozen):
     def stages(self) -> tuple[GpuMemory, ...]:
         """One row per pipeline stage (its first GPU): a stage's GPUs hold the same (made from the fields when asked: a
         search sizes thousands of layouts of up to 64 stages, and a copy with other figures shows its own)."""
-        return tuple(GpuMemory(gpu=self.gpu_stages.index(stage), stage=stage, capacity_bytes=self.capacity_bytes,
-                               weights_bytes=weights, kv_bytes=self.kv_pool_bytes, runtime_bytes=self.runtime_bytes,
-                               activation_bytes=self.activation_bytes, cuda_graph_bytes=self.cuda_graph_bytes)
-                     for stage, weights in enumerate(self.stage_weights_bytes))  # fmt: skip
+        return tuple(
+            GpuMemory(
+                gpu=self.gpu_stages.index(stage),
+                stage=stage,
+                capacity_bytes=self.capacity_bytes,
+                weights_bytes=weights,
+                kv_bytes=self.kv_pool_bytes,
+                runtime_bytes=self.runtime_bytes,
+                activation_bytes=self.activation_bytes,
+                cuda_graph_bytes=self.cuda_graph_bytes,
+            )
+            for stage, weights in enumerate(self.stage_weights_bytes)
+        )
 
     @property
     def per_gpu(self) -> tuple[GpuMemory, ...]:
@@ -345,10 +354,18 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     gpu_stages, firsts = _gpu_stages(layout)
     window_tokens, groups = _window_kept(model, layout)
     verdict, reason, error = _verdict(
-        layout, capacity=capacity, weights=stage_weights[worst], rt=rt, act=act, kv=kv, tokens=tokens,
-        usable=tokens - held_back, cell=max(cells), longest=_longest_request(model, layout, groups, window_tokens),
+        layout,
+        capacity=capacity,
+        weights=stage_weights[worst],
+        rt=rt,
+        act=act,
+        kv=kv,
+        tokens=tokens,
+        usable=tokens - held_back,
+        cell=max(cells),
+        longest=_longest_request(model, layout, groups, window_tokens),
         window_pool_tokens=window_pool_tokens,
-    )  # fmt: skip
+    )
     state = model.linear_state_bytes / max(1, layout.attn_tp)
     return MemoryLedger(
         verdict=verdict,
@@ -380,22 +397,32 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
             _headroom_warnings(firsts, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
             if verdict == "ok"
             else ()
-        )  # fmt: skip
+        )
         + _margin_warning(min(kv_per_stage), layout, verdict)
         + draft_warning,
     )
 
 
-def _stage_budgets(layout: Layout, capacity: float, stage_weights: list[float], *, rt: float, act: float,
-                   graphs: float, vlm_cache: float) -> list[float]:  # fmt: skip
+def _stage_budgets(
+    layout: Layout,
+    capacity: float,
+    stage_weights: list[float],
+    *,
+    rt: float,
+    act: float,
+    graphs: float,
+    vlm_cache: float,
+) -> list[float]:
     """The KV budget of each stage's GPUs by the engine's rule, each with its own weights."""
     opts = layout.options
     assert opts.memory_fraction is not None
     if opts.memory_fraction_of == "total":
         return [_total_share_pool(opts, capacity, weights=w, rt=rt, act=act, graphs=graphs) for w in stage_weights]
     world = layout.stage_gpus * layout.pp  # the ranks whose least free memory SGLang reads
-    return [_free_share_pool(opts.memory_fraction, free_before=capacity - rt, weights=w, world=world) - vlm_cache
-            for w in stage_weights]  # fmt: skip
+    return [
+        _free_share_pool(opts.memory_fraction, free_before=capacity - rt, weights=w, world=world) - vlm_cache
+        for w in stage_weights
+    ]
 
 
 def _pool_tokens(
@@ -409,9 +436,12 @@ def _pool_tokens(
     rows in whole pages (pool_configurator.py HybridSWAPoolConfigurator._solve_pool_sizes)."""
     opts = layout.options
     page = opts.page_size or 1
-    blocks = [stage_blocks(kv, cell_bytes=c, tensors=n, page=page, granule_bytes=opts.kv_granule_bytes)
-              for kv, c, n in zip(pools, cells, tensors, strict=True)
-              if c > 0]  # fmt: skip  # a stage of linear-attention layers only caches no tokens
+    # a stage of linear-attention layers only caches no tokens
+    blocks = [
+        stage_blocks(kv, cell_bytes=c, tensors=n, page=page, granule_bytes=opts.kv_granule_bytes)
+        for kv, c, n in zip(pools, cells, tensors, strict=True)
+        if c > 0
+    ]
     rows = min(blocks) * page if blocks else 0
     pool = opts.window_pool
     if pool is None:
@@ -491,8 +521,9 @@ def _free_share_pool(fraction: float, *, free_before: float, weights: float, wor
     return math.floor(read(free_before - weights) - (1 - fraction) * read(free_before))
 
 
-def _total_share_pool(opts: EngineOptions, capacity: float, *, weights: float, rt: float, act: float,
-                      graphs: float) -> float:  # fmt: skip
+def _total_share_pool(
+    opts: EngineOptions, capacity: float, *, weights: float, rt: float, act: float, graphs: float
+) -> float:
     """vLLM's pool: the share of the whole GPU less everything else. Sized after CUDA-graph capture (0.34's
     extensible KV cache), it is also capped by what is then free less a margin, max(floor, share × peak)."""
     if opts.kv_cache_bytes is not None:
@@ -524,9 +555,19 @@ Verdict = tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]  # v
 
 
 def _verdict(
-    layout: Layout, *, capacity: float, weights: float, rt: float, act: float, kv: float, tokens: int, usable: int,
-    cell: float, longest: _Longest | None = None, window_pool_tokens: int | None = None,
-) -> Verdict:  # fmt: skip
+    layout: Layout,
+    *,
+    capacity: float,
+    weights: float,
+    rt: float,
+    act: float,
+    kv: float,
+    tokens: int,
+    usable: int,
+    cell: float,
+    longest: _Longest | None = None,
+    window_pool_tokens: int | None = None,
+) -> Verdict:
     """Whether the layout starts, in the order the engine finds out: the GPU runs out of memory, the pool has no
     room, one longest request does not fit (vLLM), the window pool is too small (SGLang)."""
     opts = layout.options
@@ -670,8 +711,15 @@ def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, .
     )
 
 
-def _headroom_warnings(firsts: tuple[int, ...], capacity: float, stage_weights: list[float], kv: float, rt: float,
-                       act: float, graphs: float) -> list[str]:  # fmt: skip
+def _headroom_warnings(
+    firsts: tuple[int, ...],
+    capacity: float,
+    stage_weights: list[float],
+    kv: float,
+    rt: float,
+    act: float,
+    graphs: float,
+) -> list[str]:
     """Where the GPU with the least left (the first such, by stage) has less than nothing after everything else."""
     free = [_free_bytes(capacity, weights, kv, rt + act + graphs) for weights in stage_weights]
     tight = min(range(len(free)), key=free.__getitem__)

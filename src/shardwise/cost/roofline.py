@@ -75,10 +75,19 @@ class OpCost:
 
     def run(self, times: int, stage: int) -> OpCost:
         """The cost of running this op `times` times as often, on `stage`."""
-        return replace(self, stage=stage, count=self.count * times, kernels=self.kernels * times,
-                       flops=self.flops * times, bytes=self.bytes * times, compute_s=self.compute_s * times,
-                       memory_s=self.memory_s * times, comm_s=self.comm_s * times, launch_s=self.launch_s * times,
-                       time_s=self.time_s * times)  # fmt: skip
+        return replace(
+            self,
+            stage=stage,
+            count=self.count * times,
+            kernels=self.kernels * times,
+            flops=self.flops * times,
+            bytes=self.bytes * times,
+            compute_s=self.compute_s * times,
+            memory_s=self.memory_s * times,
+            comm_s=self.comm_s * times,
+            launch_s=self.launch_s * times,
+            time_s=self.time_s * times,
+        )
 
     @property
     def achieved_fraction(self) -> float:
@@ -99,12 +108,23 @@ def compute_cost(op: Compute, r: Rates, measured: Measured | None = None) -> OpC
         one = measured.seconds + measured.untimed_kernels * r.kernel_gpu_s
         launch = min(launch, one)
     return OpCost(
-        name=op.name, op_class=op.op_class, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
-        flops=op.flops * op.count, bytes=op.bytes * op.count, compute_s=compute * op.count,
-        memory_s=memory * op.count, comm_s=0.0, launch_s=launch * op.count, time_s=one * op.count, bound=bound,
-        measured=measured.source if measured else None, extrapolated=measured.extrapolated if measured else False,
+        name=op.name,
+        op_class=op.op_class,
+        stage=op.stage,
+        count=op.count,
+        kernels=op.kernels * op.count,
+        flops=op.flops * op.count,
+        bytes=op.bytes * op.count,
+        compute_s=compute * op.count,
+        memory_s=memory * op.count,
+        comm_s=0.0,
+        launch_s=launch * op.count,
+        time_s=one * op.count,
+        bound=bound,
+        measured=measured.source if measured else None,
+        extrapolated=measured.extrapolated if measured else False,
         measured_release=measured.release if measured else None,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,8 +138,15 @@ class Measured:
     untimed_kernels: int = 0  # kernels of the op the table does not time (an MLP's activation between its GEMMs)
 
 
-def collective_s(cluster: ClusterSpec, collective: Collective, size_bytes: float, group: tuple[int, ...], impl: str,
-                 cache: dict[tuple, float] | None = None, span: Span | None = None) -> float:  # fmt: skip
+def collective_s(
+    cluster: ClusterSpec,
+    collective: Collective,
+    size_bytes: float,
+    group: tuple[int, ...],
+    impl: str,
+    cache: dict[tuple, float] | None = None,
+    span: Span | None = None,
+) -> float:
     """One run of a collective from the link model, with any calibrated fixed time per call; `cache` remembers the
     link model's times by (collective, size, how the group spans the cluster, implementation): groups of one span
     cost the same (`span`: the group's, where known)."""
@@ -136,7 +163,18 @@ def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None =
     """A collective's time from the link model; `cache` remembers times by (op, size, group, impl)."""
     total = collective_s(cluster, op.collective, op.size_bytes, op.group, op.impl, cache) * op.count
     return OpCost(
-        name=op.name, op_class=OpClass.COMM, stage=op.stage, count=op.count, kernels=op.kernels * op.count,
-        flops=0.0, bytes=op.size_bytes * op.count, compute_s=0.0, memory_s=0.0, comm_s=total, launch_s=0.0,
-        time_s=total, bound="comm", hidden=op.overlapped,
-    )  # fmt: skip
+        name=op.name,
+        op_class=OpClass.COMM,
+        stage=op.stage,
+        count=op.count,
+        kernels=op.kernels * op.count,
+        flops=0.0,
+        bytes=op.size_bytes * op.count,
+        compute_s=0.0,
+        memory_s=0.0,
+        comm_s=total,
+        launch_s=0.0,
+        time_s=total,
+        bound="comm",
+        hidden=op.overlapped,
+    )

@@ -84,9 +84,10 @@ class StepCost:
     @cached_property
     def stages(self) -> tuple[StageCost, ...]:
         """Each stage's cost (made when asked: a search reads only the step's times)."""
-        return tuple(StageCost(stage=i, gpu_s=gpu, host_s=host, time_s=time,
-                               parts_s=dict(zip(PARTS, parts, strict=True)))
-                     for i, (gpu, host, time, parts) in enumerate(self.figures))  # fmt: skip
+        return tuple(
+            StageCost(stage=i, gpu_s=gpu, host_s=host, time_s=time, parts_s=dict(zip(PARTS, parts, strict=True)))
+            for i, (gpu, host, time, parts) in enumerate(self.figures)
+        )
 
     @property
     def longest_stage_s(self) -> float:
@@ -206,17 +207,23 @@ class StepCostModel:
         step = self._costs.get(("step", whole))
         if step is None:
             step = self._costs[("step", whole)] = StepCost(
-                phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens,
-                figures=figures, listing=partial(self._pricer.listed, key, requests), release=self.layout.version,
-            )  # fmt: skip
+                phase=phase,
+                requests=requests,
+                new_tokens=new_tokens,
+                context_tokens=context_tokens,
+                figures=figures,
+                listing=partial(self._pricer.listed, key, requests),
+                release=self.layout.version,
+            )
         return step if step.requests == requests else replace(step, requests=requests)
 
     def figures(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> Figures:
         """`step(...).figures` without the step (what a search reads of tens of thousands of steps)."""
         return self._figures(phase, requests, new_tokens, context_tokens)[2]
 
-    def named_figures(self, *, phase: Phase, requests: int, new_tokens: int = 1,
-                      context_tokens: int = 0) -> tuple[tuple, Figures]:  # fmt: skip
+    def named_figures(
+        self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0
+    ) -> tuple[tuple, Figures]:
         """`figures`, and a key that names them among the layouts that share this one's ops (`remembered`): equal keys,
         equal figures."""
         _, whole, figures = self._figures(phase, requests, new_tokens, context_tokens)
@@ -240,8 +247,10 @@ class StepCostModel:
             # stages with the same pieces have the same figures (but the first, where the scheduler's work is)
             classes = self.step_model.stage_classes(phase)
             alike = {c: self._stage(stage_sums, graphed) for c, stage_sums in sums.items() if c}
-            figures = self._costs[whole] = (self._stage(sums[0], graphed, per_request),
-                                            *[alike[c] for c in classes[1:]])  # fmt: skip
+            figures = self._costs[whole] = (
+                self._stage(sums[0], graphed, per_request),
+                *[alike[c] for c in classes[1:]],
+            )
         return key, whole, figures
 
     def remembered(self, name: tuple) -> dict:
@@ -253,16 +262,23 @@ class StepCostModel:
         """The sums of each class of stages (`StepModel.stage_classes`), by its first stage: `_Piece.sums` times as
         often as each piece runs, in its pieces' order (each piece priced once)."""
         firsts = self.step_model.class_firsts(phase)
-        shape, keys = self.step_model.piece_keys(phase=phase, requests=requests, new_tokens=new_tokens,
-                                                 context_tokens=context, stages=firsts)  # fmt: skip
+        shape, keys = self.step_model.piece_keys(
+            phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context, stages=firsts
+        )
         price = self._pricer.piece
         pieces = [price(key).sums for key in keys]
         sums = dict.fromkeys(firsts, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
         for stage, count, slot in shape:
             a, b, c, d, e, f = sums[stage]
             pa, pb, pc, pd, pe, pf = pieces[slot]
-            sums[stage] = (a + count * pa, b + count * pb, c + count * pc, d + count * pd, e + count * pe,
-                           f + count * pf)  # fmt: skip
+            sums[stage] = (
+                a + count * pa,
+                b + count * pb,
+                c + count * pc,
+                d + count * pd,
+                e + count * pe,
+                f + count * pf,
+            )
         return sums
 
     def _stage(self, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> tuple:
@@ -302,8 +318,9 @@ class _Pricer:
         listed = self._listed.get(key)
         if listed is None:
             phase, _, new_tokens, context = key
-            pieces = self.step_model.pieces(phase=Phase(phase), requests=requests, new_tokens=new_tokens,
-                                            context_tokens=context)  # fmt: skip
+            pieces = self.step_model.pieces(
+                phase=Phase(phase), requests=requests, new_tokens=new_tokens, context_tokens=context
+            )
             listed = self._listed[key] = tuple((p.stage, p.count, self.piece(p.key)) for p in pieces)
         return listed
 
@@ -365,8 +382,10 @@ class _Pricer:
                 comm += seconds * count
             kernels += count
         # listed when asked, from the key alone: the piece is shared by every layout on the cluster
-        return _Piece(sums=(0.0, 0.0, 0.0, comm, hidden, kernels),
-                      costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)))  # fmt: skip
+        return _Piece(
+            sums=(0.0, 0.0, 0.0, comm, hidden, kernels),
+            costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)),
+        )
 
 
 class _Piece:

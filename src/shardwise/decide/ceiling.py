@@ -54,24 +54,48 @@ def ceiling(model: ModelSpec, cluster: ClusterSpec, *, isl: int, osl: int) -> Ce
     best: Ceiling | None = None
     batch = 1
     while True:
-        step = _step(model, batch, dense_bytes=dense_bytes, experts=experts,
-                     kv_read=kv.kv_bytes_per_sequence(isl + osl // 2), bandwidth=bandwidth, flop_rate=flop_rate,
-                     active=ledger.active_params)  # fmt: skip
+        step = _step(
+            model,
+            batch,
+            dense_bytes=dense_bytes,
+            experts=experts,
+            kv_read=kv.kv_bytes_per_sequence(isl + osl // 2),
+            bandwidth=bandwidth,
+            flop_rate=flop_rate,
+            active=ledger.active_params,
+        )
         tok_s = batch / step[0]
         if best is None or tok_s > best.output_tok_s:
-            best = Ceiling(output_tok_s=tok_s, batch=batch, max_batch=max_batch, step_s=step[0], bound=step[1],
-                           weights_read_bytes=step[2], kv_read_bytes=step[3])  # fmt: skip
+            best = Ceiling(
+                output_tok_s=tok_s,
+                batch=batch,
+                max_batch=max_batch,
+                step_s=step[0],
+                bound=step[1],
+                weights_read_bytes=step[2],
+                kv_read_bytes=step[3],
+            )
         if batch >= max_batch:
             return best
         batch = min(max_batch, batch * 2)
 
 
-def _step(model: ModelSpec, batch: int, *, dense_bytes: float, experts, kv_read: float, bandwidth: float,
-          flop_rate: float, active: float) -> tuple[float, str, float, float]:  # fmt: skip
+def _step(
+    model: ModelSpec,
+    batch: int,
+    *,
+    dense_bytes: float,
+    experts,
+    kv_read: float,
+    bandwidth: float,
+    flop_rate: float,
+    active: float,
+) -> tuple[float, str, float, float]:
     weights = dense_bytes
     if experts is not None and model.moe is not None:
-        touched = busiest_rank(tokens=batch, num_experts=model.moe.num_experts, top_k=model.moe.top_k, ranks=1,
-                               balanced=False).distinct_experts  # fmt: skip
+        touched = busiest_rank(
+            tokens=batch, num_experts=model.moe.num_experts, top_k=model.moe.top_k, ranks=1, balanced=False
+        ).distinct_experts
         weights += experts.bytes * touched / model.moe.num_experts
     kv = batch * kv_read
     memory_s = (weights + kv) / bandwidth

@@ -90,10 +90,16 @@ def _verdict(name: str, s: Score, win: Score) -> FamilyVerdict:
 def _reasons(theirs: Prediction, ours: Prediction, c: Candidate, w: Candidate) -> list[Reason]:
     out = []
     if theirs.running < ours.running:
-        out.append(Reason(part="kv", extra_s=0.0, text=(
-            f"holds {theirs.running} requests at once where the winner holds {ours.running} "
-            f"(KV pool {c.memory.kv_tokens_total:,} tokens against {w.memory.kv_tokens_total:,})"
-        )))  # fmt: skip
+        out.append(
+            Reason(
+                part="kv",
+                extra_s=0.0,
+                text=(
+                    f"holds {theirs.running} requests at once where the winner holds {ours.running} "
+                    f"(KV pool {c.memory.kv_tokens_total:,} tokens against {w.memory.kv_tokens_total:,})"
+                ),
+            )
+        )
     extra = {k: theirs.breakdown_s.get(k, 0.0) - ours.breakdown_s.get(k, 0.0) for k in theirs.breakdown_s}
     for part, delta in sorted(extra.items(), key=lambda kv: -kv[1])[:2]:
         if delta > 0.02 * ours.tpot_s:

@@ -96,8 +96,15 @@ def rank(
     if default is not None and top is not None and default is not top:
         scores.remove(default)
         scores.insert(0, default)
-    return Ranking(objective=objective, scores=tuple(scores), unmet=tuple(unmet), tpot_s=tpot_s, ttft_s=ttft_s,
-                   band=band, preferred_over=top if default is not None and default is not top else None)  # fmt: skip
+    return Ranking(
+        objective=objective,
+        scores=tuple(scores),
+        unmet=tuple(unmet),
+        tpot_s=tpot_s,
+        ttft_s=ttft_s,
+        band=band,
+        preferred_over=top if default is not None and default is not top else None,
+    )
 
 
 def tied(value: float, top: float, band: float) -> bool:
@@ -113,9 +120,14 @@ def _closest_to_defaults(scores: list[Score], band: float) -> Score | None:
         return None
     top = scores[0]
     c = top.candidate
-    same = [s for s in scores if tied(s.value, top.value, band) and s.candidate.engine == c.engine
-            and s.candidate.layout.structure() == c.layout.structure()
-            and set(s.candidate.options) <= set(c.options)]  # fmt: skip
+    same = [
+        s
+        for s in scores
+        if tied(s.value, top.value, band)
+        and s.candidate.engine == c.engine
+        and s.candidate.layout.structure() == c.layout.structure()
+        and set(s.candidate.options) <= set(c.options)
+    ]
     return min(same, key=lambda s: (len(s.candidate.options), -s.value))
 
 
@@ -163,9 +175,16 @@ def option_gains(ranking: Ranking) -> list[OptionGain]:
     out = []
     for option in c.options:
         rest = set(c.options) - {option}
-        without = next((s for s in ranking.scores if s.candidate.engine == c.engine
-                        and s.candidate.layout.structure() == c.layout.structure()
-                        and set(s.candidate.options) == rest), None)  # fmt: skip
+        without = next(
+            (
+                s
+                for s in ranking.scores
+                if s.candidate.engine == c.engine
+                and s.candidate.layout.structure() == c.layout.structure()
+                and set(s.candidate.options) == rest
+            ),
+            None,
+        )
         out.append(OptionGain(option=option, without=without))
     return out
 
@@ -195,8 +214,13 @@ def flag_gains(ranking: Ranking) -> list[FlagGain]:
     table = flag_table(c.engine)
     version = parse_version(c.version, c.engine)
     # the setups of its engine and option variants whose layout flags are a subset of its own, each read once
-    fewer = [(s, items) for s in ranking.scores if s.candidate.engine == c.engine and s.candidate.option_kinds ==
-             c.option_kinds for items in (_layout_items(s.candidate, variant_flags),) if items < layout]  # fmt: skip
+    fewer = [
+        (s, items)
+        for s in ranking.scores
+        if s.candidate.engine == c.engine and s.candidate.option_kinds == c.option_kinds
+        for items in (_layout_items(s.candidate, variant_flags),)
+        if items < layout
+    ]
     out = []
     for name in c.given:
         if name in variant_flags:
@@ -276,6 +300,12 @@ def pareto(candidates: tuple[Candidate, ...] | list[Candidate]) -> list[ParetoPo
     for i in order[ranked > before]:
         n = int(np.searchsorted(starts, i, side="right")) - 1
         c = candidates[n]
-        out.append(ParetoPoint(candidate=c, prediction=c.predictions[i - starts[n]], tok_s_per_gpu=float(per_gpu[i]),
-                               per_user_tok_s=float(per_user[i])))  # fmt: skip
+        out.append(
+            ParetoPoint(
+                candidate=c,
+                prediction=c.predictions[i - starts[n]],
+                tok_s_per_gpu=float(per_gpu[i]),
+                per_user_tok_s=float(per_user[i]),
+            )
+        )
     return out

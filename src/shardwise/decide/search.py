@@ -160,8 +160,10 @@ class Candidate:
     def __str__(self) -> str:
         peak = self.peak
         command = " ".join(self.launch) + (f" (and {len(self.launches) - 1} more nodes)" if self.node_launches else "")
-        return (f"{self.name}: {peak.output_tok_s:,.0f} output tok/s at {peak.concurrency} clients "
-                f"({peak.per_user_tok_s:,.1f} per user); start it with: {command}")  # fmt: skip
+        return (
+            f"{self.name}: {peak.output_tok_s:,.0f} output tok/s at {peak.concurrency} clients "
+            f"({peak.per_user_tok_s:,.1f} per user); start it with: {command}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,8 +196,9 @@ MAX_LEVEL = 65_536  # the most clients a saturating search goes to
 
 
 class _Search:
-    def __init__(self, model: ModelSpec, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int,
-                 concurrency: Sequence[int]) -> None:  # fmt: skip
+    def __init__(
+        self, model: ModelSpec, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int, concurrency: Sequence[int]
+    ) -> None:
         self.model, self.model_ref, self.cluster = model, model_ref, cluster
         self.isl, self.osl, self.concurrency = isl, osl, tuple(concurrency)
         self.candidates: list[Candidate] = []
@@ -224,8 +227,15 @@ class _Search:
             if memory.verdict != "ok":
                 why += f", and even so: {memory.reason}"
             verdict = "idle_gpus" if memory.verdict == "ok" else memory.verdict
-            self._exclude(engine.name, self._launch(engine, setup), layout.describe(), verdict, why,
-                          memory.engine_error, hand_tried)  # fmt: skip
+            self._exclude(
+                engine.name,
+                self._launch(engine, setup),
+                layout.describe(),
+                verdict,
+                why,
+                memory.engine_error,
+                hand_tried,
+            )
             return
         key = (engine.name, layout.structure(), "")
         if key in self._seen:
@@ -240,10 +250,12 @@ class _Search:
                 if not variant.valid or variant.layout is None:
                     continue
                 v_memory = memory_ledger(self.model, variant.layout, self.cluster)
-            named, options, variant, v_memory = self._with_shorter_context(engine, named, {**given, **options},
-                                                                           variant, v_memory, version)  # fmt: skip
-            for v_named, v_setup, v_ledger in self._with_raised_fraction(engine, named, {**given, **options},
-                                                                          variant, v_memory, version):  # fmt: skip
+            named, options, variant, v_memory = self._with_shorter_context(
+                engine, named, {**given, **options}, variant, v_memory, version
+            )
+            for v_named, v_setup, v_ledger in self._with_raised_fraction(
+                engine, named, {**given, **options}, variant, v_memory, version
+            ):
                 if v_ledger.verdict == "ok" and self._holds(v_setup.layout, v_ledger):
                     self.pending.append((engine, v_setup, v_ledger, v_named))
                     added += 1
@@ -294,13 +306,22 @@ class _Search:
     def _fits(self, engine: str, launch: tuple[str, ...], layout: Layout, memory: MemoryLedger, tried: bool) -> bool:
         context = layout.options.max_model_len or self.model.max_position_embeddings
         if context and self.isl + self.osl > context:
-            reason = (f"a request of {self.isl:,} + {self.osl:,} tokens is longer than the {context:,} tokens the "
-                      "engine serves for this model (its context length)")  # fmt: skip
+            reason = (
+                f"a request of {self.isl:,} + {self.osl:,} tokens is longer than the {context:,} tokens the "
+                "engine serves for this model (its context length)"
+            )
             self._exclude(engine, launch, layout.describe(), "too_long", reason, None, tried)
             return False
         if memory.verdict != "ok":
-            self._exclude(engine, launch, layout.describe(), memory.verdict, memory.reason or memory.verdict,
-                          memory.engine_error, tried)  # fmt: skip
+            self._exclude(
+                engine,
+                launch,
+                layout.describe(),
+                memory.verdict,
+                memory.reason or memory.verdict,
+                memory.engine_error,
+                tried,
+            )
             return False
         if memory.max_concurrency(isl=self.isl, osl=self.osl) < 1:
             reason = (
@@ -336,11 +357,18 @@ class _Search:
             # the figures only: each decode step's ops are priced again for the few setups a report explains
             predictions = predictor.figures(self.concurrency, isl=self.isl, osl=self.osl)
             self.candidates.append(
-                Candidate(engine=engine.name, variant=variant, given=setup.given, version=setup.version,
-                          layout=setup.layout,
-                          predictions=predictions, model_ref=ref, remote_code=self.model.remote_code,
-                          priced_by=(self.model, self.cluster, self.isl, self.osl))
-            )  # fmt: skip
+                Candidate(
+                    engine=engine.name,
+                    variant=variant,
+                    given=setup.given,
+                    version=setup.version,
+                    layout=setup.layout,
+                    predictions=predictions,
+                    model_ref=ref,
+                    remote_code=self.model.remote_code,
+                    priced_by=(self.model, self.cluster, self.isl, self.osl),
+                )
+            )
         self.pending = []
 
     def _launch(self, engine: Engine, setup: Setup) -> tuple[str, ...]:
@@ -348,16 +376,39 @@ class _Search:
             engine.launch_command(setup, model_ref=model_reference(self.model_ref), remote_code=self.model.remote_code)
         )
 
-    def _exclude(self, engine: str, launch: tuple[str, ...], layout: str | None, verdict: str, reason: str,
-                 error: str | None, tried: bool) -> None:  # fmt: skip
+    def _exclude(
+        self,
+        engine: str,
+        launch: tuple[str, ...],
+        layout: str | None,
+        verdict: str,
+        reason: str,
+        error: str | None,
+        tried: bool,
+    ) -> None:
         text = command_text(list(launch))
         if text not in self.excluded:
-            self.excluded[text] = Excluded(engine=engine, launch=launch, layout=layout, verdict=verdict,
-                                           reason=reason, engine_error=error, hand_tried=tried)  # fmt: skip
+            self.excluded[text] = Excluded(
+                engine=engine,
+                launch=launch,
+                layout=layout,
+                verdict=verdict,
+                reason=reason,
+                engine_error=error,
+                hand_tried=tried,
+            )
 
 
-def raised_fraction(engine: Engine, given: dict[str, Any], setup: Setup, memory: MemoryLedger, *, model: ModelSpec,
-                    cluster: ClusterSpec, version: Any) -> tuple[float, Setup, MemoryLedger] | None:  # fmt: skip
+def raised_fraction(
+    engine: Engine,
+    given: dict[str, Any],
+    setup: Setup,
+    memory: MemoryLedger,
+    *,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    version: Any,
+) -> tuple[float, Setup, MemoryLedger] | None:
     """The memory fraction raised to the largest value that leaves every GPU its activation peak and CUDA graphs
     (floored to 0.01), with the setup of `given` at it and its ledger; None unless the engine has such a flag, the
     command does not set it, and raising it adds room. theorise searches it beside the defaults; layouts shows it
@@ -377,13 +428,18 @@ def raised_fraction(engine: Engine, given: dict[str, Any], setup: Setup, memory:
 
 def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[Variant, dict[str, Any]]]:
     """Every non-empty combination of the engine's option variants the command does not already set."""
-    fresh = [(label, opts) for label, opts in engine.option_variants
-             if not all(given.get(k) == v for k, v in opts.items())]  # fmt: skip
+    fresh = [
+        (label, opts) for label, opts in engine.option_variants if not all(given.get(k) == v for k, v in opts.items())
+    ]
     out = []
     for size in range(1, len(fresh) + 1):
         for combo in combinations(fresh, size):
-            out.append((Variant(named=tuple(label for label, _ in combo)),
-                        {k: v for _, opts in combo for k, v in opts.items()}))  # fmt: skip
+            out.append(
+                (
+                    Variant(named=tuple(label for label, _ in combo)),
+                    {k: v for _, opts in combo for k, v in opts.items()},
+                )
+            )
     return out
 
 
@@ -431,6 +487,13 @@ def search(
                 progress(n, len(plan))
         state.predict(saturate=saturate)
     return SearchResult(
-        model=model, model_ref=model_ref, cluster=cluster, isl=isl, osl=osl, concurrency=state.concurrency,
-        candidates=tuple(state.candidates), excluded=tuple(state.excluded.values()), engines=tuple(engines),
-    )  # fmt: skip
+        model=model,
+        model_ref=model_ref,
+        cluster=cluster,
+        isl=isl,
+        osl=osl,
+        concurrency=state.concurrency,
+        candidates=tuple(state.candidates),
+        excluded=tuple(state.excluded.values()),
+        engines=tuple(engines),
+    )

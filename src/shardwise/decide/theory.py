@@ -62,8 +62,9 @@ class Theory:
         lines = []
         for i, cmd in enumerate(self.verify):
             if nodes > 1 and i < nodes:
-                lines.append(f"# on node {i} of {nodes}" + (" (set HEAD_IP to its address on every node)" if i == 0
-                                                             else ""))  # fmt: skip
+                lines.append(
+                    f"# on node {i} of {nodes}" + (" (set HEAD_IP to its address on every node)" if i == 0 else "")
+                )
             lines.append(command_text(list(cmd)))
         return lines
 
@@ -99,15 +100,25 @@ def theorise(
         cluster = load_cluster(cluster)
     model_ref = model_ref or model.name
     with no_cycle_collection():  # the search, ranking and frontier make no reference cycles
-        result = search(model, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl,
-                        concurrency=SCREEN_LEVELS if concurrency is None else concurrency, version=version,
-                        progress=progress, saturate=concurrency is None)  # fmt: skip
+        result = search(
+            model,
+            cluster,
+            model_ref=model_ref,
+            engines=engines,
+            isl=isl,
+            osl=osl,
+            concurrency=SCREEN_LEVELS if concurrency is None else concurrency,
+            version=version,
+            progress=progress,
+            saturate=concurrency is None,
+        )
         ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
         winners = winners_by_concurrency(result.candidates)
         benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None
         if benchmark is not None and benchmark.best is not None and objective is Objective.MAX_THROUGHPUT:
-            verify = _verify_benchmark(benchmark, model_ref, cluster, isl=isl, osl=osl, lengths=lengths,
-                                       range_ratio=range_ratio)  # fmt: skip
+            verify = _verify_benchmark(
+                benchmark, model_ref, cluster, isl=isl, osl=osl, lengths=lengths, range_ratio=range_ratio
+            )
         else:
             verify = _verify(ranking, model_ref, cluster, isl=isl, osl=osl)
         return Theory(
@@ -135,16 +146,39 @@ def _verify(
     win = ranking.best
     engine = get_engine(win.candidate.engine)
     c = win.at.concurrency
-    bench = engine.benchmark_command(model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=c,
-                                     prompts=max(100, PROMPTS_PER_CLIENT * c))  # fmt: skip
+    bench = engine.benchmark_command(
+        model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=c, prompts=max(100, PROMPTS_PER_CLIENT * c)
+    )
     launch = [token.replace(HEAD_IP, "HEAD_IP") for token in win.candidate.launch]
-    simulate = ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, "--concurrency", str(c),
-                "--isl", str(isl), "--osl", str(osl), "--", *launch)  # fmt: skip
+    simulate = (
+        "shardwise",
+        "simulate",
+        "--model",
+        model_ref,
+        "--gpus",
+        cluster.name,
+        "--concurrency",
+        str(c),
+        "--isl",
+        str(isl),
+        "--osl",
+        str(osl),
+        "--",
+        *launch,
+    )
     return (*win.candidate.launches, tuple(bench), simulate)
 
 
-def _verify_benchmark(benchmark: BenchmarkRanking, model_ref: str, cluster: ClusterSpec, *, isl: int, osl: int,
-                      lengths: str | None, range_ratio: float | None) -> tuple[tuple[str, ...], ...]:  # fmt: skip
+def _verify_benchmark(
+    benchmark: BenchmarkRanking,
+    model_ref: str,
+    cluster: ClusterSpec,
+    *,
+    isl: int,
+    osl: int,
+    lengths: str | None,
+    range_ratio: float | None,
+) -> tuple[tuple[str, ...], ...]:
     """The benchmark's best setup (by output tok/s: the max-throughput objective) launched on each node, the engine's
     benchmark tool sending its first workload (ShareGPT, or random lengths at the means for another length set),
     and shardwise's simulation of the same."""
@@ -152,9 +186,15 @@ def _verify_benchmark(benchmark: BenchmarkRanking, model_ref: str, cluster: Clus
     best, w = benchmark.best.candidate, benchmark.workloads[0]
     rate = None if math.isinf(w.request_rate) else w.request_rate
     bench = get_engine(best.engine).benchmark_command(
-        model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=w.concurrency, prompts=w.num_requests,
-        dataset=lengths, request_rate=rate, range_ratio=range_ratio,
-    )  # fmt: skip
+        model_ref=model_reference(model_ref),
+        isl=isl,
+        osl=osl,
+        concurrency=w.concurrency,
+        prompts=w.num_requests,
+        dataset=lengths,
+        request_rate=rate,
+        range_ratio=range_ratio,
+    )
     launch = [token.replace(HEAD_IP, "HEAD_IP") for token in best.launch]
     load = ["--concurrency", str(w.concurrency)] if w.concurrency else []
     load += ["--request-rate", "inf" if rate is None else f"{rate:g}"] if not w.concurrency or rate else []
@@ -162,8 +202,21 @@ def _verify_benchmark(benchmark: BenchmarkRanking, model_ref: str, cluster: Clus
     shape += ["--range-ratio", f"{range_ratio:g}"] if range_ratio is not None and not lengths else []
     arrivals = ["--burstiness", f"{w.burstiness:g}"] if rate is not None and w.burstiness != 1.0 else []
     arrivals += ["--seed", str(w.seed)] if w.seed else []
-    simulate = ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, *load, *arrivals,
-                "--num-prompts", str(w.num_requests), *shape, "--", *launch)  # fmt: skip
+    simulate = (
+        "shardwise",
+        "simulate",
+        "--model",
+        model_ref,
+        "--gpus",
+        cluster.name,
+        *load,
+        *arrivals,
+        "--num-prompts",
+        str(w.num_requests),
+        *shape,
+        "--",
+        *launch,
+    )
     return (*best.launches, tuple(bench), simulate)
 
 

@@ -39,12 +39,16 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
     base = win.value
     out = [_option(result, win.candidate, base, label) for label in ("CUDA graphs off", "FP8 KV cache")]
     out.append(_nvlink(result, ranking, base))
-    out.append(WhatIf(
-        label=f"twice the GPUs ({2 * result.cluster.num_gpus})", setup=f"2× {win.candidate.name}",
-        output_tok_s=2 * base, gain=2.0,
-        note="two copies behind a router; a wider layout may do better: search it with --gpus "
-        f"2x{result.cluster.gpus_per_node}x{result.cluster.gpu.name}",
-    ))  # fmt: skip
+    out.append(
+        WhatIf(
+            label=f"twice the GPUs ({2 * result.cluster.num_gpus})",
+            setup=f"2× {win.candidate.name}",
+            output_tok_s=2 * base,
+            gain=2.0,
+            note="two copies behind a router; a wider layout may do better: search it with --gpus "
+            f"2x{result.cluster.gpus_per_node}x{result.cluster.gpu.name}",
+        )
+    )
     if result.model.moe is not None:
         engine = get_engine(win.candidate.engine)
         seen: set[str] = set()
@@ -60,12 +64,14 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
     return [w for w in out if w is not None]
 
 
-def _with_options(result: SearchResult, winner: Candidate, engine: Engine, options: dict[str, Any],
-                  accept: float | None = None) -> tuple[Setup, list[Prediction]] | str:  # fmt: skip
+def _with_options(
+    result: SearchResult, winner: Candidate, engine: Engine, options: dict[str, Any], accept: float | None = None
+) -> tuple[Setup, list[Prediction]] | str:
     """The winner's command with `options` added, as the engine would take it, predicted over the sweep; or why
     it does not serve (the engine's refusal, or no KV room for one request)."""
-    setup = engine.setup({**winner.given, **options}, model=result.model, cluster=result.cluster,
-                         version=engine.version(winner.version))  # fmt: skip
+    setup = engine.setup(
+        {**winner.given, **options}, model=result.model, cluster=result.cluster, version=engine.version(winner.version)
+    )
     if not setup.valid or setup.layout is None:
         return f"the engine refuses it: {setup.rejections[0].reason}"
     memory = memory_ledger(result.model, setup.layout, result.cluster)
@@ -75,8 +81,9 @@ def _with_options(result: SearchResult, winner: Candidate, engine: Engine, optio
     return setup, predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl)
 
 
-def _engine_option(result: SearchResult, winner: Candidate, engine: Engine, label: str, options: dict[str, Any],
-                   base: float) -> WhatIf:  # fmt: skip
+def _engine_option(
+    result: SearchResult, winner: Candidate, engine: Engine, label: str, options: dict[str, Any], base: float
+) -> WhatIf:
     """The winner's command with `options` added."""
     priced = _with_options(result, winner, engine, options)
     if isinstance(priced, str):
@@ -85,23 +92,40 @@ def _engine_option(result: SearchResult, winner: Candidate, engine: Engine, labe
     assert setup.layout is not None
     peak = max(sweep, key=lambda p: p.output_tok_s)
     name = ", ".join(filter(None, [f"{winner.engine} {setup.layout.describe()}", winner.variant.label, label]))
-    return WhatIf(label=label, setup=name, output_tok_s=peak.output_tok_s,
-                  gain=peak.output_tok_s / base,
-                  note=f"peak at {peak.concurrency} clients, {peak.running} running")  # fmt: skip
+    return WhatIf(
+        label=label,
+        setup=name,
+        output_tok_s=peak.output_tok_s,
+        gain=peak.output_tok_s / base,
+        note=f"peak at {peak.concurrency} clients, {peak.running} running",
+    )
 
 
 def _option(result: SearchResult, winner: Candidate, base: float, label: str) -> WhatIf | None:
     """The winner's layout and options with one option variant toggled."""
     have = set(winner.option_kinds)
     want = have ^ {label}
-    other = next((c for c in result.candidates if c.engine == winner.engine and c.layout.structure() ==
-                  winner.layout.structure() and set(c.option_kinds) == want), None)  # fmt: skip
+    other = next(
+        (
+            c
+            for c in result.candidates
+            if c.engine == winner.engine
+            and c.layout.structure() == winner.layout.structure()
+            and set(c.option_kinds) == want
+        ),
+        None,
+    )
     if other is None:
         return None
     name = label if label not in have else OPPOSITE.get(label, f"without {label}")
     value = other.peak.output_tok_s
-    return WhatIf(label=name, setup=other.name, output_tok_s=value, gain=value / base,
-                  note=f"peak at {other.peak.concurrency} clients, {other.peak.running} running")  # fmt: skip
+    return WhatIf(
+        label=name,
+        setup=other.name,
+        output_tok_s=value,
+        gain=value / base,
+        note=f"peak at {other.peak.concurrency} clients, {other.peak.running} running",
+    )
 
 
 def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | None:
@@ -109,9 +133,12 @@ def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | Non
     if cluster.intra.link.kind != "pcie":
         return None
     linked = build_cluster(
-        name=f"{cluster.name} with NVLink", gpu=cluster.gpu.name, nodes=cluster.nodes,
-        gpus_per_node=cluster.gpus_per_node, intra_node={"link": HYPOTHETICAL_LINK, "p2p": True},
-    )  # fmt: skip
+        name=f"{cluster.name} with NVLink",
+        gpu=cluster.gpu.name,
+        nodes=cluster.nodes,
+        gpus_per_node=cluster.gpus_per_node,
+        intra_node={"link": HYPOTHETICAL_LINK, "p2p": True},
+    )
     best, best_name = 0.0, None
     for score in ranking.scores[:REPREDICTED]:
         c = score.candidate
@@ -119,9 +146,13 @@ def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | Non
         peak = max(p.output_tok_s for p in predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl))
         if peak > best:
             best, best_name = peak, c.name
-    return WhatIf(label=f"NVLink ({linked.intra.link.display_name}) instead of PCIe", setup=best_name,
-                  output_tok_s=best, gain=best / base,
-                  note=f"the best {REPREDICTED} setups re-predicted with the same GPUs linked by NVLink")  # fmt: skip
+    return WhatIf(
+        label=f"NVLink ({linked.intra.link.display_name}) instead of PCIe",
+        setup=best_name,
+        output_tok_s=best,
+        gain=best / base,
+        note=f"the best {REPREDICTED} setups re-predicted with the same GPUs linked by NVLink",
+    )
 
 
 def _speculative(result: SearchResult, winner: Candidate, base: float, accept: float | None) -> list[WhatIf]:
@@ -138,8 +169,15 @@ def _speculative(result: SearchResult, winner: Candidate, base: float, accept: f
         if not options:
             continue
         if accept is None:
-            out.append(WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None,
-                              note="give --accept-length (mean tokens kept per step) to price it"))  # fmt: skip
+            out.append(
+                WhatIf(
+                    label=f"{label} drafting",
+                    setup=None,
+                    output_tok_s=None,
+                    gain=None,
+                    note="give --accept-length (mean tokens kept per step) to price it",
+                )
+            )
             continue
         out.append(_drafted(result, winner, engine, options, label, accept, base))
     return [w for w in out if w is not None]
@@ -159,12 +197,12 @@ def _drafted(
         return WhatIf(label=f"{label} drafting", setup=None, output_tok_s=None, gain=None, note=priced)
     _, sweep = priced
     plain = winner.predictions
-    losing = next((p.concurrency for p, q in zip(sweep, plain, strict=True) if p.output_tok_s < q.output_tok_s),
-                  None)  # fmt: skip
+    losing = next((p.concurrency for p, q in zip(sweep, plain, strict=True) if p.output_tok_s < q.output_tok_s), None)
     best = max(p.output_tok_s for p in sweep)
     one = sweep[0].output_tok_s / plain[0].output_tok_s
     note = f"{accept:g} tokens kept per step: {one:.2f}× at {sweep[0].concurrency} client(s); " + (
         f"stops paying at {losing} clients" if losing else "pays at every concurrency of the sweep"
     )
-    return WhatIf(label=f"{label} drafting", setup=f"{winner.name} + {label}", output_tok_s=best, gain=best / base,
-                  note=note)  # fmt: skip
+    return WhatIf(
+        label=f"{label} drafting", setup=f"{winner.name} + {label}", output_tok_s=best, gain=best / base, note=note
+    )

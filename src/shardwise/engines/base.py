@@ -128,9 +128,17 @@ class Engine(Protocol):
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]: ...
 
     def benchmark_command(
-        self, *, model_ref: str, isl: int, osl: int, concurrency: int | None, prompts: int, dataset: str | None = None,
-        request_rate: float | None = None, range_ratio: float | None = None,
-    ) -> list[str]: ...  # fmt: skip
+        self,
+        *,
+        model_ref: str,
+        isl: int,
+        osl: int,
+        concurrency: int | None,
+        prompts: int,
+        dataset: str | None = None,
+        request_rate: float | None = None,
+        range_ratio: float | None = None,
+    ) -> list[str]: ...
 
 
 _REGISTRY: dict[str, type] = {}

@@ -57,9 +57,17 @@ class FlagEngine:
         raise NotImplementedError
 
     def benchmark_command(
-        self, *, model_ref: str, isl: int, osl: int, concurrency: int | None, prompts: int, dataset: str | None = None,
-        request_rate: float | None = None, range_ratio: float | None = None,
-    ) -> list[str]:  # fmt: skip
+        self,
+        *,
+        model_ref: str,
+        isl: int,
+        osl: int,
+        concurrency: int | None,
+        prompts: int,
+        dataset: str | None = None,
+        request_rate: float | None = None,
+        range_ratio: float | None = None,
+    ) -> list[str]:
         """The engine's own load generator at this workload: `prompts` requests of ShareGPT (`dataset`) or of
         random lengths (fixed, or drawn with `range_ratio`), capped at `concurrency` clients, sent at
         `request_rate` (None or inf: all at once)."""
@@ -175,10 +183,11 @@ class FlagEngine:
         if nodes == 1:
             return [self._render(setup.given, setup.version, model_ref=model_ref, remote_code=remote_code)]
         return [
-            self._render(self.node_options(setup.given, rank), setup.version, model_ref=model_ref,
-                         remote_code=remote_code)
+            self._render(
+                self.node_options(setup.given, rank), setup.version, model_ref=model_ref, remote_code=remote_code
+            )
             for rank in range(nodes)
-        ]  # fmt: skip
+        ]
 
     def launch_command(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[str]:
         """The command that starts `setup` (on node 0 of a multi-node launch), spelled for its engine version."""

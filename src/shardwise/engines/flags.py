@@ -48,8 +48,13 @@ def human_readable_int_or_auto(value: str) -> int:
     return -1 if value.strip() == "-1" or value.strip().lower() == "auto" else human_readable_int(value)
 
 
-_TYPES = {"int": int, "float": float, "str": str, "human_int": human_readable_int,
-          "human_int_or_auto": human_readable_int_or_auto}  # fmt: skip
+_TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "human_int": human_readable_int,
+    "human_int_or_auto": human_readable_int_or_auto,
+}
 
 
 class Spelling(Frozen):

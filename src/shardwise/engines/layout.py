@@ -273,8 +273,17 @@ _GROUPS = Memo(4096)  # per the degrees they follow from, the GPU ids of every g
 def groups(layout: Layout) -> dict[str, list[list[int]]]:
     """GPU ids of every communication group: stage (the engine's TP world), attn_tp, moe_ep, moe_tp, pp. Remembered
     by the degrees they follow from, and shared: read them, do not change them."""
-    key = (layout.replicas, layout.pp, layout.stage_gpus, layout.attn_dp, layout.attn_tp, layout.attn_cp,
-           layout.moe_dp, layout.moe_ep, layout.dp_outside_pp)  # fmt: skip
+    key = (
+        layout.replicas,
+        layout.pp,
+        layout.stage_gpus,
+        layout.attn_dp,
+        layout.attn_tp,
+        layout.attn_cp,
+        layout.moe_dp,
+        layout.moe_ep,
+        layout.dp_outside_pp,
+    )
     return _GROUPS.get((), key, lambda: _groups(layout))
 
 
@@ -316,8 +325,16 @@ def _stage_ranges(num_layers: int, pp: int, extra: str) -> tuple[range, ...]:
 
 def weight_split(layout: Layout) -> tuple[int, ...]:
     """The degrees `weight_ways` reads: layouts equal in them hold each tensor alike on a GPU."""
-    return (layout.lm_head_tp, layout.moe_ep, layout.moe_tp, layout.redundant_experts, layout.shared_tp,
-            layout.dense_tp, layout.attn_tp, layout.vision_tp)  # fmt: skip
+    return (
+        layout.lm_head_tp,
+        layout.moe_ep,
+        layout.moe_tp,
+        layout.redundant_experts,
+        layout.shared_tp,
+        layout.dense_tp,
+        layout.attn_tp,
+        layout.vision_tp,
+    )
 
 
 def weight_ways(w: Weight, layout: Layout, model: ModelSpec) -> float:

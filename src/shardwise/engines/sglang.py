@@ -295,8 +295,11 @@ def _dcp_comm(f: dict[str, Any]) -> dict[str, Any]:
     _dcp_comm_backend_default; layers/dcp/comm.py cp_lse_ag_out_rs_mla)."""
     backend = f.get("dcp_comm_backend") or ("a2a" if f["dcp_size"] > 1 else "ag_rs")
     ag_rs = backend == "ag_rs"
-    return {"dcp_comm": "ag_rs" if ag_rs else "a2a", "dcp_partial_bytes": 4 if ag_rs else 2,
-            "dcp_q_replicate": bool(f.get("dcp_replicate_q_proj"))}  # fmt: skip
+    return {
+        "dcp_comm": "ag_rs" if ag_rs else "a2a",
+        "dcp_partial_bytes": 4 if ag_rs else 2,
+        "dcp_q_replicate": bool(f.get("dcp_replicate_q_proj")),
+    }
 
 
 @register_engine("sglang")
@@ -356,9 +359,17 @@ class SGLang(FlagEngine):
         return _candidates(model, cluster)
 
     def benchmark_command(
-        self, *, model_ref: str, isl: int, osl: int, concurrency: int | None, prompts: int, dataset: str | None = None,
-        request_rate: float | None = None, range_ratio: float | None = None,
-    ) -> list[str]:  # fmt: skip
+        self,
+        *,
+        model_ref: str,
+        isl: int,
+        osl: int,
+        concurrency: int | None,
+        prompts: int,
+        dataset: str | None = None,
+        request_rate: float | None = None,
+        range_ratio: float | None = None,
+    ) -> list[str]:
         """sglang.bench_serving: ShareGPT, or random lengths (range ratio 1 for fixed: its default 0 draws lengths
         from 1 up); its default rate is inf and it has no cap unless given."""
         cmd = ["python", "-m", "sglang.bench_serving", "--backend", "sglang"]
@@ -366,8 +377,16 @@ class SGLang(FlagEngine):
             cmd += ["--dataset-name", "sharegpt"]
         else:
             ratio = 1.0 if range_ratio is None else range_ratio
-            cmd += ["--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl),
-                    "--random-range-ratio", f"{ratio:g}"]  # fmt: skip
+            cmd += [
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(isl),
+                "--random-output-len",
+                str(osl),
+                "--random-range-ratio",
+                f"{ratio:g}",
+            ]
         cmd += ["--num-prompts", str(prompts)]
         if request_rate is not None and math.isfinite(request_rate):
             cmd += ["--request-rate", f"{request_rate:g}"]
@@ -377,8 +396,12 @@ class SGLang(FlagEngine):
         """Options that turn on MTP (the checkpoint's own layers, 3 steps) or DFlash drafting."""
         if algorithm == "dflash":
             return {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": draft_model}
-        return {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-                "speculative_num_draft_tokens": 4}  # fmt: skip
+        return {
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4,
+        }
 
     def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         """--tp-size with every --ep-size up to the GPUs (MoE models), and one pipeline stage per GPU."""

@@ -97,10 +97,13 @@ def moe_tp_zero(ctx: Context) -> Rejection | None:
     checked = ctx.version >= V0521
     reason = (
         f"EP is carved out of tp: moe_tp_size = tp {tp} // ep {ep} // moe_dp {mdp} = {tp // ep // mdp}, which SGLang "
-        + ("refuses before it starts (releases before 0.5.21 divide by it at start-up: ZeroDivisionError)" if checked
-           else "divides by at start-up")
+        + (
+            "refuses before it starts (releases before 0.5.21 divide by it at start-up: ZeroDivisionError)"
+            if checked
+            else "divides by at start-up"
+        )
         + f"; this command would also use only {f['dp_size'] * tp * f['pp_size']} GPUs (dp × tp × pp){advice}"
-    )  # fmt: skip
+    )
     if checked:
         return _inconsistent_moe(ctx, "moe_tp_zero", reason)
     where = (
@@ -165,13 +168,22 @@ def moe_dp_rules(ctx: Context) -> Rejection | None:
         return None
     checks = [
         (tp % mdp, f"moe_dp {mdp} does not divide tp {tp}", "tp_size must be divisible by moe_dp_size"),
-        (f["pp_size"] > 1, "MoE DP does not work with pipeline parallelism",
-         "PP is not supported with context parallelism"),
-        (ep > 1 and ep * mdp != tp, f"with EP, ep × moe_dp must equal tp ({ep} × {mdp} ≠ {tp})",
-         "ep_size * moe_dp_size must be equal to tp_size"),
-        (cp != mdp, f"attention CP {cp} must equal moe_dp {mdp} (add --attn-cp-size {mdp})",
-         "attn_cp_size != moe_dp_size is only supported when moe_dp_size == 1"),
-    ]  # fmt: skip
+        (
+            f["pp_size"] > 1,
+            "MoE DP does not work with pipeline parallelism",
+            "PP is not supported with context parallelism",
+        ),
+        (
+            ep > 1 and ep * mdp != tp,
+            f"with EP, ep × moe_dp must equal tp ({ep} × {mdp} ≠ {tp})",
+            "ep_size * moe_dp_size must be equal to tp_size",
+        ),
+        (
+            cp != mdp,
+            f"attention CP {cp} must equal moe_dp {mdp} (add --attn-cp-size {mdp})",
+            "attn_cp_size != moe_dp_size is only supported when moe_dp_size == 1",
+        ),
+    ]
     for failed, reason, message in checks:
         if failed:
             return Rejection(
@@ -378,13 +390,20 @@ def dcp_rules(ctx: Context) -> Rejection | None:
     if dcp == 1:
         if backend in ("a2a", "fi_a2a") or f.get("dcp_replicate_q_proj"):
             flag = f"--dcp-comm-backend {backend}" if backend in ("a2a", "fi_a2a") else "--dcp-replicate-q-proj"
-            return Rejection(rule="dcp_options_without_dcp", engine_error="ValueError", source=hook,
-                             reason=f"{flag} needs --dcp-size > 1 (it only changes decode CP)")  # fmt: skip
+            return Rejection(
+                rule="dcp_options_without_dcp",
+                engine_error="ValueError",
+                source=hook,
+                reason=f"{flag} needs --dcp-size > 1 (it only changes decode CP)",
+            )
         return None
     if f.get("dcp_replicate_q_proj") and backend == "ag_rs":
-        return Rejection(rule="dcp_replicate_q_needs_a2a", engine_error="ValueError", source=hook,
-                         reason="--dcp-replicate-q-proj only works with the a2a DCP backend, not "
-                         "--dcp-comm-backend ag_rs")  # fmt: skip
+        return Rejection(
+            rule="dcp_replicate_q_needs_a2a",
+            engine_error="ValueError",
+            source=hook,
+            reason="--dcp-replicate-q-proj only works with the a2a DCP backend, not --dcp-comm-backend ag_rs",
+        )
     if f["tp_size"] % dcp:
         return Rejection(
             rule="dcp_divides_tp",

@@ -75,15 +75,22 @@ def dcp_backend(ctx: Context) -> Rejection | None:
     if backend in allowed:
         return None
     if spec:
-        reason = (f"decode CP with speculative decoding needs the LSE in target-verify steps too; the {backend} "
-                  "backend does not return it there; cutedsl_mla (SM100) and aiter (ROCm) do")  # fmt: skip
+        reason = (
+            f"decode CP with speculative decoding needs the LSE in target-verify steps too; the {backend} "
+            "backend does not return it there; cutedsl_mla (SM100) and aiter (ROCm) do"
+        )
     else:
         default = "" if f.get("attention_backend") or f.get("decode_attention_backend") else " (the default here)"
-        fix = ("aiter, the ROCm backend with the DCP path, takes 16 or 128 KV heads per rank"
-               if capability.startswith("gfx") else "add --attention-backend flashinfer")  # fmt: skip
-        reason = (f"decode CP merges each rank's partial MLA attention by its LSE, which the {backend} decode "
-                  f"backend{default} does not return: the first decode step (CUDA-graph capture) fails; "
-                  f"{fix}")  # fmt: skip
+        fix = (
+            "aiter, the ROCm backend with the DCP path, takes 16 or 128 KV heads per rank"
+            if capability.startswith("gfx")
+            else "add --attention-backend flashinfer"
+        )
+        reason = (
+            f"decode CP merges each rank's partial MLA attention by its LSE, which the {backend} decode "
+            f"backend{default} does not return: the first decode step (CUDA-graph capture) fails; "
+            f"{fix}"
+        )
     return Rejection(
         rule="dcp_attention_backend",
         stage="run",

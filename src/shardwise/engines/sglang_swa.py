@@ -48,8 +48,9 @@ def window_pool(f: dict[str, Any], model: ModelSpec) -> WindowPool | None:
     if arch is None or not sliding or f.get("disable_hybrid_swa_memory"):
         return None
     window = model.sliding_window + arch.window_offset_tokens
-    return WindowPool(full_tokens_ratio=f["swa_full_tokens_ratio"], window_tokens=window,
-                      kept_tokens=kept_tokens(f, window=window))  # fmt: skip
+    return WindowPool(
+        full_tokens_ratio=f["swa_full_tokens_ratio"], window_tokens=window, kept_tokens=kept_tokens(f, window=window)
+    )
 
 
 def kept_tokens(f: dict[str, Any], *, window: int) -> int:

@@ -294,9 +294,17 @@ class VLLM(FlagEngine):
         return _hand_tried(model, cluster)
 
     def benchmark_command(
-        self, *, model_ref: str, isl: int, osl: int, concurrency: int | None, prompts: int, dataset: str | None = None,
-        request_rate: float | None = None, range_ratio: float | None = None,
-    ) -> list[str]:  # fmt: skip
+        self,
+        *,
+        model_ref: str,
+        isl: int,
+        osl: int,
+        concurrency: int | None,
+        prompts: int,
+        dataset: str | None = None,
+        request_rate: float | None = None,
+        range_ratio: float | None = None,
+    ) -> list[str]:
         """vllm bench serve: ShareGPT (it needs the file's path), or random lengths (its default range ratio 0 is
         fixed); its default rate is inf and it has no cap unless given."""
         cmd = ["vllm", "bench", "serve", "--model", model_ref]

@@ -92,24 +92,38 @@ def dcp_rules(ctx: Context) -> Rejection | None:
     dcp, tp, pcp = f["decode_context_parallel_size"], f["tensor_parallel_size"], f["prefill_context_parallel_size"]
     if dcp == 1:
         return None
-    checks = [(pcp == 1 and tp % dcp != 0, f"tp_size={tp} must be divisible by dcp_size={dcp}.", "config/parallel.py"),
-              (pcp > 1 and dcp not in (1, pcp, tp * pcp),
-               "When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP axis. "
-               f"Got TP={tp}, PCP={pcp}, DCP={dcp}; valid DCP sizes are {sorted({1, pcp, tp * pcp})}.",
-               "config/parallel.py")]  # fmt: skip
+    checks = [
+        (pcp == 1 and tp % dcp != 0, f"tp_size={tp} must be divisible by dcp_size={dcp}.", "config/parallel.py"),
+        (
+            pcp > 1 and dcp not in (1, pcp, tp * pcp),
+            "When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP axis. "
+            f"Got TP={tp}, PCP={pcp}, DCP={dcp}; valid DCP sizes are {sorted({1, pcp, tp * pcp})}.",
+            "config/parallel.py",
+        ),
+    ]
     if att.kind == "gqa":
         kv, q_per_kv = att.num_kv_heads, att.num_heads // att.num_kv_heads
         checks += [
-            (tp <= kv, f"Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` ({tp}) to be "
-             f"greater than the model's total number of KV heads ({kv}). Increase `--tensor-parallel-size` or set "
-             "`--decode-context-parallel-size 1`.", "config/model.py verify_with_parallel_config"),
-            (tp > kv and dcp > tp // kv, f"`--decode-context-parallel-size` ({dcp}) exceeds the maximum supported "
-             f"value ({tp // kv}) for `--tensor-parallel-size` ({tp}) and {kv} model KV heads.",
-             "config/model.py verify_with_parallel_config"),
-            (q_per_kv % dcp != 0, f"The model's number of query heads per KV head ({q_per_kv}) must be divisible "
-             f"by `--decode-context-parallel-size` ({dcp}) for GQA/MQA.",
-             "config/model.py verify_with_parallel_config"),
-        ]  # fmt: skip
+            (
+                tp <= kv,
+                f"Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` ({tp}) to be "
+                f"greater than the model's total number of KV heads ({kv}). Increase `--tensor-parallel-size` or set "
+                "`--decode-context-parallel-size 1`.",
+                "config/model.py verify_with_parallel_config",
+            ),
+            (
+                tp > kv and dcp > tp // kv,
+                f"`--decode-context-parallel-size` ({dcp}) exceeds the maximum supported "
+                f"value ({tp // kv}) for `--tensor-parallel-size` ({tp}) and {kv} model KV heads.",
+                "config/model.py verify_with_parallel_config",
+            ),
+            (
+                q_per_kv % dcp != 0,
+                f"The model's number of query heads per KV head ({q_per_kv}) must be divisible "
+                f"by `--decode-context-parallel-size` ({dcp}) for GQA/MQA.",
+                "config/model.py verify_with_parallel_config",
+            ),
+        ]
     for failed, message, where in checks:
         if failed:  # raised inside pydantic validators: the engine prints a ValidationError of the config
             config = "ParallelConfig" if where.startswith("config/parallel") else "VllmConfig"
@@ -244,8 +258,12 @@ def dbo_runner(ctx: Context) -> Rejection | None:
     if not unsupported:
         return None
     message = f"The GPU model runner does not support: {', '.join(unsupported)}"
-    return Rejection(rule="dbo_runner", reason=message, engine_error=f"ValueError: {message}",
-                     source=_src(ctx, "config/vllm.py VllmConfig._validate_model_runner"))  # fmt: skip
+    return Rejection(
+        rule="dbo_runner",
+        reason=message,
+        engine_error=f"ValueError: {message}",
+        source=_src(ctx, "config/vllm.py VllmConfig._validate_model_runner"),
+    )
 
 
 def async_scheduling_early(ctx: Context) -> Rejection | None:
@@ -256,15 +274,23 @@ def async_scheduling_early(ctx: Context) -> Rejection | None:
     if not f.get("async_scheduling") or ctx.version > V0110:
         return None
     if f["pipeline_parallel_size"] > 1:
-        reason, error = (f"--async-scheduling with pipeline parallelism (pp {f['pipeline_parallel_size']})",
-                         "Async scheduling is not supported with pipeline-parallel-size > 1.")  # fmt: skip
+        reason, error = (
+            f"--async-scheduling with pipeline parallelism (pp {f['pipeline_parallel_size']})",
+            "Async scheduling is not supported with pipeline-parallel-size > 1.",
+        )
     elif f.get("speculative_config"):
-        reason, error = ("--async-scheduling with speculative decoding",
-                         "Currently, speculative decoding is not supported with async scheduling.")  # fmt: skip
+        reason, error = (
+            "--async-scheduling with speculative decoding",
+            "Currently, speculative decoding is not supported with async scheduling.",
+        )
     else:
         return None
-    return Rejection(rule="async_scheduling_early", reason=reason, engine_error=f"ValueError: {error}",
-                     source=_src(ctx, "engine/arg_utils.py EngineArgs.create_engine_config"))  # fmt: skip
+    return Rejection(
+        rule="async_scheduling_early",
+        reason=reason,
+        engine_error=f"ValueError: {error}",
+        source=_src(ctx, "engine/arg_utils.py EngineArgs.create_engine_config"),
+    )
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -280,24 +306,40 @@ def multi_node(ctx: Context) -> Rejection | None:
     world = gpus_used(f)
     executor = f.get("distributed_executor_backend")
     checks = [
-        (executor not in (None, "mp", "uni", "external_launcher"), f"--nnodes {nodes} runs workers by multiprocessing",
-         "nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher."),
-        (f["data_parallel_backend"] != "mp", f"--nnodes {nodes} needs the mp data-parallel backend",
-         f"`--nnodes {nodes}` requires `--data-parallel-backend mp`; got `--data-parallel-backend "
-         f"{f['data_parallel_backend']}`. Use the MP backend or set `--nnodes 1`."),
-        (world % nodes != 0, f"{nodes} nodes do not split the {world} GPUs evenly",
-         f"`--nnodes {nodes}` must evenly divide the total world size ({world}). Adjust `--nnodes`, "
-         "`--data-parallel-size`, `--pipeline-parallel-size`, `--tensor-parallel-size`, or "
-         "`--prefill-context-parallel-size`."),
-        (not 0 <= rank < nodes, f"--node-rank {rank} is not one of 0…{nodes - 1}",
-         f"`--node-rank` must be between 0 and {nodes - 1}; got `--node-rank {rank}`. Set it to this node's "
-         "zero-based index."),
-    ]  # fmt: skip
+        (
+            executor not in (None, "mp", "uni", "external_launcher"),
+            f"--nnodes {nodes} runs workers by multiprocessing",
+            "nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher.",
+        ),
+        (
+            f["data_parallel_backend"] != "mp",
+            f"--nnodes {nodes} needs the mp data-parallel backend",
+            f"`--nnodes {nodes}` requires `--data-parallel-backend mp`; got `--data-parallel-backend "
+            f"{f['data_parallel_backend']}`. Use the MP backend or set `--nnodes 1`.",
+        ),
+        (
+            world % nodes != 0,
+            f"{nodes} nodes do not split the {world} GPUs evenly",
+            f"`--nnodes {nodes}` must evenly divide the total world size ({world}). Adjust `--nnodes`, "
+            "`--data-parallel-size`, `--pipeline-parallel-size`, `--tensor-parallel-size`, or "
+            "`--prefill-context-parallel-size`.",
+        ),
+        (
+            not 0 <= rank < nodes,
+            f"--node-rank {rank} is not one of 0…{nodes - 1}",
+            f"`--node-rank` must be between 0 and {nodes - 1}; got `--node-rank {rank}`. Set it to this node's "
+            "zero-based index.",
+        ),
+    ]
     for failed, reason, message in checks:
         if failed:
             prefix = "" if message.startswith("nnodes") else "Invalid data-parallel launch options: "
-            return Rejection(rule="multi_node", reason=reason, engine_error=f"ValueError: {prefix}{message}",
-                             source=_src(ctx, "engine/arg_utils.py, config/parallel.py"))  # fmt: skip
+            return Rejection(
+                rule="multi_node",
+                reason=reason,
+                engine_error=f"ValueError: {prefix}{message}",
+                source=_src(ctx, "engine/arg_utils.py, config/parallel.py"),
+            )
     if f["master_addr"] in LOOPBACK:
         return Rejection(
             rule="multi_node_address",

@@ -86,7 +86,7 @@ CONSTANTS = {
             0.0,
             2e-3,
         ),
-    )  # fmt: skip
+    )
 }
 
 

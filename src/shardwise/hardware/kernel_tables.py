@@ -233,8 +233,10 @@ class Grid:
         shape = self.seconds.shape
         strides = tuple(math.prod(shape[a + 1 :]) for a in range(len(shape)))
         steps = [stride if n > 1 else 0 for stride, n in zip(strides, shape, strict=True)]
-        corners = tuple((corner, sum(up * step for up, step in zip(corner, steps, strict=True)))
-                        for corner in itertools.product((0, 1), repeat=len(shape)))  # fmt: skip
+        corners = tuple(
+            (corner, sum(up * step for up, step in zip(corner, steps, strict=True)))
+            for corner in itertools.product((0, 1), repeat=len(shape))
+        )
         return self.seconds.ravel().tolist(), strides, corners
 
 
@@ -286,9 +288,15 @@ def _ordered(releases: list[str], modelled: str) -> list[str]:
     return below + above
 
 
-def _row_sets(system: str, engine: str, release: str, table: str, key: str,
-              columns: tuple[str, ...], filters: tuple[tuple[str, str, object], ...]
-              ) -> Iterator[tuple[str, str, dict[str, np.ndarray]]]:  # fmt: skip
+def _row_sets(
+    system: str,
+    engine: str,
+    release: str,
+    table: str,
+    key: str,
+    columns: tuple[str, ...],
+    filters: tuple[tuple[str, str, object], ...],
+) -> Iterator[tuple[str, str, dict[str, np.ndarray]]]:
     """(label, table release, rows) of every table that could hold a shape, in the order they are tried: the
     user's folder first, then the package's; in each, the releases `_ordered` names. `table` is the file's path
     under the system, <family>/{framework}/{release}/<file>; `key` names the row set in the cache (the package's
@@ -312,8 +320,7 @@ def moe_curve(gpu: str, engine: str, release: str, shape: MoEShape) -> Curve | N
         return None
     filters = (("moe_dtype", "=", dtype), ("hidden_size", "=", shape.hidden), ("num_experts", "=", shape.experts))
     key = f"moe-{dtype}-{shape.hidden}-{shape.experts}"
-    for label, table_release, rows in _row_sets(system, engine, release, cfg.moe.table, key, MOE_COLUMNS,
-                                                filters):  # fmt: skip
+    for label, table_release, rows in _row_sets(system, engine, release, cfg.moe.table, key, MOE_COLUMNS, filters):
         keep = (
             (rows["inter_size"] == shape.inter)
             & (rows["topk"] == shape.topk)
@@ -331,8 +338,16 @@ def moe_curve(gpu: str, engine: str, release: str, shape: MoEShape) -> Curve | N
     return None
 
 
-MOE_COLUMNS = ("kernel_source", "num_tokens", "inter_size", "topk", "moe_tp_size", "moe_ep_size", "distribution",
-               "latency")  # fmt: skip
+MOE_COLUMNS = (
+    "kernel_source",
+    "num_tokens",
+    "inter_size",
+    "topk",
+    "moe_tp_size",
+    "moe_ep_size",
+    "distribution",
+    "latency",
+)
 
 
 def cache_dir() -> Path:
@@ -363,21 +378,28 @@ def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) 
     if system is None or kv_dtype is None:
         return None
     filters = (("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16"))
-    for label, table_release, rows in _row_sets(system, engine, release, cfg.mla_decode.table,
-                                                f"mla-decode-{kv_dtype}", MLA_COLUMNS, filters):  # fmt: skip
+    for label, table_release, rows in _row_sets(
+        system, engine, release, cfg.mla_decode.table, f"mla-decode-{kv_dtype}", MLA_COLUMNS, filters
+    ):
         keep = rows["num_heads"] == shape.heads
         if keep.sum() < 4:
             continue
         kernel = str(rows["kernel_source"][keep][0])
         source = f"{label} {system} {engine} {table_release} generation_mla_perf ({kernel})"
         # `step` tokens were cached before this one
-        return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
-                     table_release)  # fmt: skip
+        return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source, table_release)
     return None
 
 
-def _grid(coordinates: tuple[np.ndarray, ...], latency_ms: np.ndarray, source: str, release: str, *,
-          flat_from: float | None = None, scale_batch: bool = True) -> Grid:  # fmt: skip
+def _grid(
+    coordinates: tuple[np.ndarray, ...],
+    latency_ms: np.ndarray,
+    source: str,
+    release: str,
+    *,
+    flat_from: float | None = None,
+    scale_batch: bool = True,
+) -> Grid:
     """A grid of the measured cells (a key measured twice: its first row, as the package reads it). With
     `flat_from` (a window's length), the last axis is a length the window caps: a batch measured at or past it
     keeps that time at longer lengths; one measured only short of it is left to the batch scaling."""
@@ -394,8 +416,14 @@ def _grid(coordinates: tuple[np.ndarray, ...], latency_ms: np.ndarray, source: s
             measured = np.flatnonzero(~np.isnan(row))
             if len(measured) and axes[-1][measured[-1]] >= flat_from:
                 row[measured[-1] + 1 :] = row[measured[-1]]
-    return Grid(axes=tuple(a.astype(float) for a in axes), seconds=seconds, source=source, release=release,
-                grows=grows, scale_batch=scale_batch)  # fmt: skip
+    return Grid(
+        axes=tuple(a.astype(float) for a in axes),
+        seconds=seconds,
+        source=source,
+        release=release,
+        grows=grows,
+        scale_batch=scale_batch,
+    )
 
 
 @cache
@@ -407,8 +435,9 @@ def gemm_grid(gpu: str, engine: str, release: str, weight_format: str) -> Grid |
     dtype = cfg.gemm.dtypes.get(weight_format)
     if system is None or dtype is None or dtype in cfg.gemm.not_kernel_times.get(engine, ()):
         return None
-    for label, table_release, rows in _row_sets(system, engine, release, cfg.gemm.table, f"gemm-{dtype}",
-                                                GEMM_COLUMNS, (("gemm_dtype", "=", dtype),)):  # fmt: skip
+    for label, table_release, rows in _row_sets(
+        system, engine, release, cfg.gemm.table, f"gemm-{dtype}", GEMM_COLUMNS, (("gemm_dtype", "=", dtype),)
+    ):
         if len(rows["m"]) < 8:
             continue
         kernels = ", ".join(sorted({str(k) for k in rows["kernel_source"]}))
@@ -429,8 +458,9 @@ def gqa_decode_grid(gpu: str, engine: str, release: str, shape: GQADecodeShape) 
     if system is None or kv_dtype is None:
         return None
     filters = (("kv_cache_dtype", "=", kv_dtype), ("attn_dtype", "=", "bfloat16"))
-    for label, table_release, rows in _row_sets(system, engine, release, cfg.gqa_decode.table,
-                                                f"gqa-decode-{kv_dtype}", GQA_COLUMNS, filters):  # fmt: skip
+    for label, table_release, rows in _row_sets(
+        system, engine, release, cfg.gqa_decode.table, f"gqa-decode-{kv_dtype}", GQA_COLUMNS, filters
+    ):
         keep = (
             (rows["num_heads"] == shape.heads)
             & (rows["num_key_value_heads"] == shape.kv_heads)
@@ -442,21 +472,35 @@ def gqa_decode_grid(gpu: str, engine: str, release: str, shape: GQADecodeShape) 
         kernel = str(rows["kernel_source"][keep][0])
         source = f"{label} {system} {engine} {table_release} generation_attention_perf ({kernel})"
         # `step` tokens were cached before this one; a window caps what is read, so its time stays flat
-        return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source,
-                     table_release, flat_from=shape.window + 1 if shape.window else None)  # fmt: skip
+        return _grid(
+            (rows["batch_size"][keep], rows["step"][keep] + 1),
+            rows["latency"][keep],
+            source,
+            table_release,
+            flat_from=shape.window + 1 if shape.window else None,
+        )
     return None
 
 
-GQA_COLUMNS = ("kernel_source", "num_heads", "num_key_value_heads", "head_dim", "window_size", "batch_size", "step",
-               "latency")  # fmt: skip
+GQA_COLUMNS = (
+    "kernel_source",
+    "num_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "window_size",
+    "batch_size",
+    "step",
+    "latency",
+)
 
 
 MLA_COLUMNS = ("kernel_source", "num_heads", "batch_size", "step", "latency")
 
 
 @cache
-def _rows(path: Path, key: str | None, columns: tuple[str, ...],
-          filters: tuple[tuple[str, str, object], ...]) -> dict[str, np.ndarray] | None:  # fmt: skip
+def _rows(
+    path: Path, key: str | None, columns: tuple[str, ...], filters: tuple[tuple[str, str, object], ...]
+) -> dict[str, np.ndarray] | None:
     """The rows of one table that pass `filters`: from the cache when an earlier run read them (`key` names them
     there; None: a user's table, read afresh each run, as it may change)."""
     kept = cache_dir() / f"{key}.npz" if key else None

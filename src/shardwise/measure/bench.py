@@ -244,12 +244,14 @@ async def run_level(
     finally:
         gc.unfreeze()
         await clients.close()
-    return summarise_level(outcomes, isl=isl, osl=osl, concurrency=concurrency, request_rate=request_rate,
-                           duration_s=duration)  # fmt: skip
+    return summarise_level(
+        outcomes, isl=isl, osl=osl, concurrency=concurrency, request_rate=request_rate, duration_s=duration
+    )
 
 
-def summarise_level(outcomes: list[Outcome], *, isl: int, osl: int, concurrency: int | None, request_rate: float,
-                    duration_s: float) -> LevelResult:  # fmt: skip
+def summarise_level(
+    outcomes: list[Outcome], *, isl: int, osl: int, concurrency: int | None, request_rate: float, duration_s: float
+) -> LevelResult:
     good = [o for o in outcomes if o.ok]
     tpots = [(o.e2e_s - o.ttft_s) / (o.output_tokens - 1) for o in good if o.output_tokens > 1]
     itls = [gap for o in good for gap in o.itl_s]

@@ -118,12 +118,20 @@ def calibrate(rows: Sequence[ReferenceRow], *, names: Sequence[str], held_out: S
     before, after = _rms(_log_errors(fit, {}, gpu)), _rms(_log_errors(fit, fitted, gpu))
     held_before = _rms(_log_errors(test, {}, gpu)) if test else None
     held_after = _rms(_log_errors(test, fitted, gpu)) if test else None
-    edges = tuple(n for n, v in fitted.items() if min(v - CONSTANTS[n].low, CONSTANTS[n].high - v) <= 1e-6 *
-                  (CONSTANTS[n].high - CONSTANTS[n].low))  # fmt: skip
+    edges = tuple(
+        n
+        for n, v in fitted.items()
+        if min(v - CONSTANTS[n].low, CONSTANTS[n].high - v) <= 1e-6 * (CONSTANTS[n].high - CONSTANTS[n].low)
+    )
     cal = Calibration(
-        gpu=gpu, constants=fitted, fitted_on=tuple(p.row.id for p in fit), held_out=tuple(p.row.id for p in test),
-        held_out_error_before=held_before, held_out_error_after=held_after, at_bounds=edges,
-    )  # fmt: skip
+        gpu=gpu,
+        constants=fitted,
+        fitted_on=tuple(p.row.id for p in fit),
+        held_out=tuple(p.row.id for p in test),
+        held_out_error_before=held_before,
+        held_out_error_after=held_after,
+        at_bounds=edges,
+    )
     return CalibrationReport(calibration=cal, fitted_error_before=before, fitted_error_after=after)
 
 

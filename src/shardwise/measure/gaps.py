@@ -50,8 +50,11 @@ def explain(c: Checked, others: list[Checked]) -> list[Mechanism]:
     metrics = beyond(c)
     if not metrics or c.simulated is None:
         return []
-    siblings = [o for o in others if o is not c and o.row.gpus == c.row.gpus and o.row.source == c.row.source
-                and o.simulated is not None]  # fmt: skip
+    siblings = [
+        o
+        for o in others
+        if o is not c and o.row.gpus == c.row.gpus and o.row.source == c.row.source and o.simulated is not None
+    ]
     found = [
         _release(c),
         _p2p(c, metrics, siblings),
@@ -110,11 +113,17 @@ def _p2p(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism |
     if c.step is None or not any(op.op_class.value == "comm" for op in c.step.ops if op.time_s > 0):
         return None
     off = build_cluster(
-        name=f"{cluster.name} with P2P off", gpu=cluster.gpu.name, nodes=cluster.nodes,
+        name=f"{cluster.name} with P2P off",
+        gpu=cluster.gpu.name,
+        nodes=cluster.nodes,
         gpus_per_node=cluster.gpus_per_node,
-        intra_node={"link": cluster.intra.link.name, "p2p": False, "numa_nodes": cluster.intra.numa_nodes,
-                    "pcie_switches": cluster.intra.pcie_switches},
-    ).model_copy(update={"inter": cluster.inter, "calibration": cluster.calibration})  # fmt: skip
+        intra_node={
+            "link": cluster.intra.link.name,
+            "p2p": False,
+            "numa_nodes": cluster.intra.numa_nodes,
+            "pcie_switches": cluster.intra.pcie_switches,
+        },
+    ).model_copy(update={"inter": cluster.inter, "calibration": cluster.calibration})
     variant = check_row(c.row, cluster=off)
     if variant.simulated is None or not _toward(c, variant, metrics):
         return None
@@ -212,16 +221,19 @@ def _host_per_request(c: Checked, metrics: list[str], siblings: list[Checked]) -
     sim, cluster = c.simulated, c.cluster
     if sim is None or sim.peak_running < LARGE_BATCH or not any(_slower(c, m) for m in metrics):
         return None
-    why = (f"up to {sim.peak_running:,} requests run at once per rank, and the host work per running request and "
-           "per streamed token is not priced; vLLM's team measured a 57 % end-to-end gain at 1,024 concurrent "
-           "requests from streaming tokens in groups instead of one by one, and about 10 % from overlapping the "
-           "scheduler with the GPU (vLLM blog, 2026-02-01, gpt-oss optimizations on Blackwell)")  # fmt: skip
+    why = (
+        f"up to {sim.peak_running:,} requests run at once per rank, and the host work per running request and "
+        "per streamed token is not priced; vLLM's team measured a 57 % end-to-end gain at 1,024 concurrent "
+        "requests from streaming tokens in groups instead of one by one, and about 10 % from overlapping the "
+        "scheduler with the GPU (vLLM blog, 2026-02-01, gpt-oss optimizations on Blackwell)"
+    )
     if cluster is None:
         return Mechanism(name="host work per request", why=why)
     # fitted to the decode metrics the row measured: host time per decode step delays first tokens only by the
     # decode steps a queued request waits out
-    best = _closest(c, DECODE_METRICS, metrics, REQUEST_HOST_S,
-                    lambda v: check_row(c.row, cluster=_with(cluster, request_cpu_s=v)))  # fmt: skip
+    best = _closest(
+        c, DECODE_METRICS, metrics, REQUEST_HOST_S, lambda v: check_row(c.row, cluster=_with(cluster, request_cpu_s=v))
+    )
     if best is None:
         return Mechanism(name="host work per request", why=why)
     _, value, variant = best
@@ -242,8 +254,7 @@ def _prefill_under_load(c: Checked, metrics: list[str], siblings: list[Checked])
     sim = c.simulated
     if sim is None or sim.peak_running < LARGE_BATCH or "ttft_ms" not in metrics or not _slower(c, "ttft_ms"):
         return None
-    best = _closest(c, METRICS, metrics, PREFILL_SCALES,
-                    lambda v: check_row(c.row, cluster=c.cluster, prefill_scale=v))  # fmt: skip
+    best = _closest(c, METRICS, metrics, PREFILL_SCALES, lambda v: check_row(c.row, cluster=c.cluster, prefill_scale=v))
     if best is None:
         return None
     worst, scale, variant = best
@@ -257,12 +268,17 @@ def _prefill_under_load(c: Checked, metrics: list[str], siblings: list[Checked])
         predicted=_metrics(variant),
         siblings={
             s.row.id: check_row(s.row, cluster=s.cluster, prefill_scale=scale).error("output_tok_s") for s in siblings
-        },  # fmt: skip
+        },
     )
 
 
-def _closest(c: Checked, fitted: tuple[str, ...], beyond_metrics: list[str], values: tuple[float, ...],
-             predict: Callable[[float], Checked]) -> tuple[float, float, Checked] | None:  # fmt: skip
+def _closest(
+    c: Checked,
+    fitted: tuple[str, ...],
+    beyond_metrics: list[str],
+    values: tuple[float, ...],
+    predict: Callable[[float], Checked],
+) -> tuple[float, float, Checked] | None:
     """(worst error on the `fitted` metrics the row measured, value, the row predicted at it) for the one of
     `values`, tried in order, that brings the row closest: the search stops once the worst error stops falling. None
     when no value is priced or the closest one does not move every metric beyond the stated accuracy toward the
@@ -294,8 +310,9 @@ def _with(cluster: ClusterSpec, **constants: float) -> ClusterSpec:
     if held is None or held[0] is not cluster:
         base = cluster.calibration.constants if cluster.calibration else {}
         fitted_on = cluster.calibration.fitted_on if cluster.calibration else ()
-        variant = cluster.calibrated(Calibration(gpu=cluster.gpu.name, constants={**base, **constants},
-                                                 fitted_on=fitted_on))  # fmt: skip
+        variant = cluster.calibrated(
+            Calibration(gpu=cluster.gpu.name, constants={**base, **constants}, fitted_on=fitted_on)
+        )
         if len(_VARIANTS) >= 64:
             _VARIANTS.clear()
         held = _VARIANTS[key] = (cluster, variant)

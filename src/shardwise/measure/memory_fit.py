@@ -39,8 +39,9 @@ class MemoryFit:
     fitted_kv_tokens: int
 
 
-def _non_torch(log: StartupMemory, ledger: MemoryLedger, *, model: ModelSpec, setup: Setup,
-               cluster: ClusterSpec) -> float:  # fmt: skip
+def _non_torch(
+    log: StartupMemory, ledger: MemoryLedger, *, model: ModelSpec, setup: Setup, cluster: ClusterSpec
+) -> float:
     capacity = cluster.gpu.memory_bytes
     row = max(ledger.per_gpu, key=lambda r: r.weights_bytes)
     if log.free_before_weights_bytes is not None:

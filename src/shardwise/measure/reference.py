@@ -70,8 +70,17 @@ class ReferenceRow(Frozen):
     @property
     def workload(self) -> tuple:
         """What two measurements must share to be compared with each other."""
-        return (self.model, self.gpus, self.benchmark, self.dataset, self.isl, self.osl, self.concurrency,
-                self.request_rate, self.num_prompts)  # fmt: skip
+        return (
+            self.model,
+            self.gpus,
+            self.benchmark,
+            self.dataset,
+            self.isl,
+            self.osl,
+            self.concurrency,
+            self.request_rate,
+            self.num_prompts,
+        )
 
     def workload_spec(self) -> WorkloadSpec:
         """The requests as the benchmark sent them: a static batch all at once; a served load with its prompts,
@@ -81,8 +90,14 @@ class ReferenceRow(Frozen):
         else:
             n, clients, rate = self.num_prompts or 1000, self.concurrency, self.request_rate or math.inf
         pairs = dataset(self.dataset).sample(n, seed=0) if self.dataset else ()
-        return WorkloadSpec(input=Lengths.fixed(self.isl), output=Lengths.fixed(self.osl), pairs=pairs,
-                            num_requests=n, concurrency=clients, request_rate=rate)  # fmt: skip
+        return WorkloadSpec(
+            input=Lengths.fixed(self.isl),
+            output=Lengths.fixed(self.osl),
+            pairs=pairs,
+            num_requests=n,
+            concurrency=clients,
+            request_rate=rate,
+        )
 
     def load_text(self) -> str:
         """The load as the benchmark ran it, in a few words."""
@@ -123,8 +138,11 @@ class Checked:
     def value(self, metric: str) -> float | None:
         if self.simulated is None:
             return None
-        return {"output_tok_s": self.simulated.output_tok_s, "tpot_ms": self.simulated.tpot_s.mean * 1e3,
-                "ttft_ms": self.simulated.ttft_s.mean * 1e3}[metric]  # fmt: skip
+        return {
+            "output_tok_s": self.simulated.output_tok_s,
+            "tpot_ms": self.simulated.tpot_s.mean * 1e3,
+            "ttft_ms": self.simulated.ttft_s.mean * 1e3,
+        }[metric]
 
     def error(self, metric: str) -> float | None:
         """Signed relative error (predicted − measured) / measured."""
@@ -143,8 +161,9 @@ def load_rows(path: Path | None = None) -> tuple[ReferenceRow, ...]:
     return validate(ReferenceFile, read_yaml(path), origin=str(path)).rows
 
 
-def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: bool = True,
-              prefill_scale: float = 1.0) -> Checked:  # fmt: skip
+def check_row(
+    row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: bool = True, prefill_scale: float = 1.0
+) -> Checked:
     """Predict one row as its benchmark ran it. `cluster`, `tables` and `prefill_scale` change one input (another
     description of the row's GPUs; the roofline instead of the kernel tables; prefill steps that many times their
     priced time) to price what that input does to the prediction."""
@@ -157,8 +176,9 @@ def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: 
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
         return Checked(row=row, engine=layout.engine, problem=memory.reason, layout_spec=layout)
-    steps = StepTimes(checked.model, layout, cluster, accept_length=row.accept_length, tables=tables,
-                      prefill_scale=prefill_scale)  # fmt: skip
+    steps = StepTimes(
+        checked.model, layout, cluster, accept_length=row.accept_length, tables=tables, prefill_scale=prefill_scale
+    )
     workload = row.workload_spec()
     try:
         result = simulate(steps, memory, workload)
@@ -169,9 +189,17 @@ def check_row(row: ReferenceRow, *, cluster: ClusterSpec | None = None, tables: 
     mean_in, mean_out = workload.mean_lengths
     context = mean_in + mean_out / 2
     decode = steps.decode(running, int(context))
-    return Checked(row=row, engine=layout.engine, problem=None, layout_spec=layout, simulated=result,
-                   workload=workload, cluster=cluster, step=decode.step,
-                   kv_tokens=memory.kv_tokens_per_rank)  # fmt: skip
+    return Checked(
+        row=row,
+        engine=layout.engine,
+        problem=None,
+        layout_spec=layout,
+        simulated=result,
+        workload=workload,
+        cluster=cluster,
+        step=decode.step,
+        kv_tokens=memory.kv_tokens_per_rank,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,8 +276,9 @@ def _summarise_group(group: str, checked: list[Checked]) -> list[ErrorSummary]:
     return out
 
 
-def rows_from_results(levels: list[MeasuredLevel], *, command: str | None, gpus: str | None,
-                      model: str | None) -> list[ReferenceRow]:  # fmt: skip
+def rows_from_results(
+    levels: list[MeasuredLevel], *, command: str | None, gpus: str | None, model: str | None
+) -> list[ReferenceRow]:
     """Measured levels as rows to predict; the launch command and GPUs come from the record or the caller."""
     rows = []
     for level in levels:
@@ -259,11 +288,21 @@ def rows_from_results(levels: list[MeasuredLevel], *, command: str | None, gpus:
                 f"{level.source} does not record its launch command and GPUs: give them, e.g. shardwise validate "
                 "FILE --gpus 8xrtx-pro-6000 --command 'python -m sglang.launch_server --model-path … --tp 8'"
             )
-        rows.append(ReferenceRow(
-            id=level.source, source=level.tool, model=model or level.model or "", gpus=cluster, command=cmd,
-            isl=level.isl, osl=level.osl, concurrency=level.concurrency,
-            request_rate=level.request_rate if level.concurrency is None else None,
-            num_prompts=level.num_prompts, output_tok_s=level.output_tok_s, tpot_ms=level.tpot_ms,
-            ttft_ms=level.ttft_ms,
-        ))  # fmt: skip
+        rows.append(
+            ReferenceRow(
+                id=level.source,
+                source=level.tool,
+                model=model or level.model or "",
+                gpus=cluster,
+                command=cmd,
+                isl=level.isl,
+                osl=level.osl,
+                concurrency=level.concurrency,
+                request_rate=level.request_rate if level.concurrency is None else None,
+                num_prompts=level.num_prompts,
+                output_tok_s=level.output_tok_s,
+                tpot_ms=level.tpot_ms,
+                ttft_ms=level.ttft_ms,
+            )
+        )
     return rows

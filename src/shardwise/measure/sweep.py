@@ -152,33 +152,50 @@ def run_one(plan: SweepPlan, command: str, index: int) -> dict[str, Any]:
     port = _free_port()
     log_path = plan.folder / f"engine-{index}.log"
     with log_path.open("w") as log:
-        process = subprocess.Popen(_argv(plan, command, port), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            _argv(plan, command, port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         if not _wait_healthy(url, process, plan.health_timeout_s):
             code = process.poll()
             stop(process)
             if code is None:
-                return {**record, "status": "failed", "reason": "startup_timeout",
-                        "detail": f"no /health within {plan.health_timeout_s:g} s", "log": str(log_path)}  # fmt: skip
+                return {
+                    **record,
+                    "status": "failed",
+                    "reason": "startup_timeout",
+                    "detail": f"no /health within {plan.health_timeout_s:g} s",
+                    "log": str(log_path),
+                }
             reason, detail = diagnose(log_path.read_text(errors="replace"), code)
             return {**record, "status": "failed", "reason": reason, "detail": detail, "log": str(log_path)}
         levels = []
         for c in plan.concurrency:
-            level = asyncio.run(run_level(Target(url=url), isl=plan.isl, osl=plan.osl, num_prompts=plan.num_prompts,
-                                          concurrency=c))  # fmt: skip
+            level = asyncio.run(
+                run_level(Target(url=url), isl=plan.isl, osl=plan.osl, num_prompts=plan.num_prompts, concurrency=c)
+            )
             if process.poll() is not None:
                 reason, detail = diagnose(log_path.read_text(errors="replace"), process.returncode)
-                return {**record, "status": "failed", "reason": "crashed_during_bench", "detail": detail,
-                        "log": str(log_path)}  # fmt: skip
-            levels.append({"max_concurrency": c, "completed": level.completed, "failed": level.failed,
-                           "output_throughput": round(level.output_throughput, 2),
-                           "mean_tpot_ms": round(level.tpot_s.mean * 1e3, 3),
-                           "mean_ttft_ms": round(level.ttft_s.mean * 1e3, 3)})  # fmt: skip
+                return {
+                    **record,
+                    "status": "failed",
+                    "reason": "crashed_during_bench",
+                    "detail": detail,
+                    "log": str(log_path),
+                }
+            levels.append(
+                {
+                    "max_concurrency": c,
+                    "completed": level.completed,
+                    "failed": level.failed,
+                    "output_throughput": round(level.output_throughput, 2),
+                    "mean_tpot_ms": round(level.tpot_s.mean * 1e3, 3),
+                    "mean_ttft_ms": round(level.ttft_s.mean * 1e3, 3),
+                }
+            )
         best = max(lv["output_throughput"] for lv in levels)
-        return {**record, "status": "measured", "levels": levels, "measured_output_tok_s": best,
-                "log": str(log_path)}  # fmt: skip
+        return {**record, "status": "measured", "levels": levels, "measured_output_tok_s": best, "log": str(log_path)}
     finally:
         stop(process)
 
@@ -210,11 +227,19 @@ def rows_of(records: list[dict[str, Any]], plan: SweepPlan) -> list[ReferenceRow
     rows = []
     for n, rec in enumerate(records):
         for level in rec.get("levels", []):
-            rows.append(ReferenceRow(
-                id=f"setup{n + 1}-C{level['max_concurrency']}", source="shardwise sweep", model="",
-                gpus=plan.cluster.name, command=rec["command"], isl=plan.isl, osl=plan.osl,
-                concurrency=level["max_concurrency"], output_tok_s=level["output_throughput"] or None,
-            ))  # fmt: skip
+            rows.append(
+                ReferenceRow(
+                    id=f"setup{n + 1}-C{level['max_concurrency']}",
+                    source="shardwise sweep",
+                    model="",
+                    gpus=plan.cluster.name,
+                    command=rec["command"],
+                    isl=plan.isl,
+                    osl=plan.osl,
+                    concurrency=level["max_concurrency"],
+                    output_tok_s=level["output_throughput"] or None,
+                )
+            )
     return [r for r in rows if r.output_tok_s]
 
 
@@ -242,9 +267,18 @@ def reranked(records: list[dict[str, Any]], plan: SweepPlan, calibration: Calibr
         calibrated = None
         if calibration is not None and rec.get("predicted_output_tok_s") is not None:
             calibrated = _predicted(SweepPlan(**{**plan.__dict__, "cluster": cluster}), rec["command"])[1]
-        out.append({**{k: rec.get(k) for k in ("command", "layout", "status", "reason", "detail")},
-                    "predicted_output_tok_s": rec.get("predicted_output_tok_s"),
-                    "calibrated_output_tok_s": calibrated,
-                    "measured_output_tok_s": rec.get("measured_output_tok_s")})  # fmt: skip
-    return sorted(out, key=lambda r: (r["measured_output_tok_s"] is None, -(r["measured_output_tok_s"] or
-                                      r["calibrated_output_tok_s"] or r["predicted_output_tok_s"] or 0)))  # fmt: skip
+        out.append(
+            {
+                **{k: rec.get(k) for k in ("command", "layout", "status", "reason", "detail")},
+                "predicted_output_tok_s": rec.get("predicted_output_tok_s"),
+                "calibrated_output_tok_s": calibrated,
+                "measured_output_tok_s": rec.get("measured_output_tok_s"),
+            }
+        )
+    return sorted(
+        out,
+        key=lambda r: (
+            r["measured_output_tok_s"] is None,
+            -(r["measured_output_tok_s"] or r["calibrated_output_tok_s"] or r["predicted_output_tok_s"] or 0),
+        ),
+    )

@@ -30,8 +30,15 @@ GEMM_ROLES = ("attention", "linear_attention", "dense_mlp", "shared_experts", "r
 ACT_BYTES = 2  # activations travel in BF16
 # matrices the engines run as one GEMM (their QKVParallelLinear, MergedColumnParallelLinear and, for MLA, the
 # fused q_a / kv_a down-projection), by the checkpoint module's last name
-FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up",
-         "q_a_proj": "qkv_a", "kv_a_proj_with_mqa": "qkv_a"}  # fmt: skip
+FUSED = {
+    "q_proj": "qkv",
+    "k_proj": "qkv",
+    "v_proj": "qkv",
+    "gate_proj": "gate_up",
+    "up_proj": "gate_up",
+    "q_a_proj": "qkv_a",
+    "kv_a_proj_with_mqa": "qkv_a",
+}
 ROW_PARALLEL = ("o_proj", "down_proj", "out_proj")  # split along their input under tensor parallelism
 _PHASES = {p.value: p for p in Phase}
 _SIZED_BY = ("rank", "stage", "cached", "sampled")  # the tokens a collective is sized by, as a comms key lists them
@@ -235,20 +242,32 @@ def _interned(cls: type, model: ModelSpec, *fields: object) -> Any:
     return _INTERNED.get((model,), (cls, *fields), lambda: cls(model, *fields))
 
 
-def layer_inputs(model: ModelSpec, kind: tuple[str, str], matrices: list[_Matrix], experts: _Matrix | None,
-                 layout: Layout, *, weights: ModelSpec | None = None) -> LayerInputs:  # fmt: skip
+def layer_inputs(
+    model: ModelSpec,
+    kind: tuple[str, str],
+    matrices: list[_Matrix],
+    experts: _Matrix | None,
+    layout: Layout,
+    *,
+    weights: ModelSpec | None = None,
+) -> LayerInputs:
     """The interned inputs of one layer kind's ops under `layout` (`model` as its KV cache stores it; `weights` the
     model its GEMMs and experts are interned under, default `model`: what the KV cache stores changes neither)."""
     weights = weights or model
     # the same list of matrices (one weight split's, `_split_weights`) gives the same GEMMs: interned once per list
-    gemms = _INTERNED.get((weights, matrices), "gemms",
-                          lambda: tuple(_interned(GemmInputs, weights, m) for m in matrices))  # fmt: skip
+    gemms = _INTERNED.get(
+        (weights, matrices), "gemms", lambda: tuple(_interned(GemmInputs, weights, m) for m in matrices)
+    )
     attention = _interned(AttentionInputs, model, kind[0], layout.attn_tp, layout.dcp)
-    routed = None if experts is None else _interned(ExpertInputs, weights, experts, layout.moe_ep, layout.moe_tp,
-                                                    layout.options.eplb)  # fmt: skip
+    routed = (
+        None
+        if experts is None
+        else _interned(ExpertInputs, weights, experts, layout.moe_ep, layout.moe_tp, layout.options.eplb)
+    )
     gathered = layout.attn_dp > 1 and layout.moe_comm != "all2all"
-    return _interned(LayerInputs, model, kind, gemms, attention, routed, gathered,
-                     layout.attn_dp > 1 and layout.dense_tp > 1)  # fmt: skip
+    return _interned(
+        LayerInputs, model, kind, gemms, attention, routed, gathered, layout.attn_dp > 1 and layout.dense_tp > 1
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -340,8 +359,10 @@ class StepModel:
         # the weights' ops are the same whatever the KV cache stores: interned under the model as given, so the setups
         # of a structure with another KV cache dtype share their GEMMs', experts' and head's costs
         self._head = _interned(HeadInputs, model, head, layout.lm_head_tp)
-        self._layers = {kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout, weights=model)
-                        for kind, mats in matrices.items()}  # fmt: skip
+        self._layers = {
+            kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout, weights=model)
+            for kind, mats in matrices.items()
+        }
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
         # what follows from the collectives, the stages' layers and the groups alone, shared by the step models that
@@ -351,8 +372,9 @@ class StepModel:
         self._comm_templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[tuple, ...]]]
         self._classes: dict[Phase, tuple[int, ...]]
         self._shapes: dict[tuple, tuple[Shape, tuple[tuple, ...]]]
-        self._comm_templates, self._classes, self._shapes = _COMM_PLANS.get((model, cluster, self._groups), plan,
-                                                                            lambda: ({}, {}, {}))  # fmt: skip
+        self._comm_templates, self._classes, self._shapes = _COMM_PLANS.get(
+            (model, cluster, self._groups), plan, lambda: ({}, {}, {})
+        )
         self._firsts: dict[Phase, tuple[int, ...]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
@@ -366,17 +388,20 @@ class StepModel:
 
     # --- one step ------------------------------------------------------------------------------------
 
-    def pieces(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int,
-               stages: Sequence[int] | None = None) -> list[Piece]:  # fmt: skip
+    def pieces(
+        self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int, stages: Sequence[int] | None = None
+    ) -> list[Piece]:
         """The ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
         prefill) to a context of `context_tokens` already cached, as pieces: `ops` lists them whole. `stages`: those
         stages' pieces only (default every stage's)."""
-        shape, keys = self.piece_keys(phase=phase, requests=requests, new_tokens=new_tokens,
-                                      context_tokens=context_tokens, stages=stages)  # fmt: skip
+        shape, keys = self.piece_keys(
+            phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens, stages=stages
+        )
         return [Piece(stage, count, keys[slot]) for stage, count, slot in shape]
 
-    def piece_keys(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int,
-                   stages: Sequence[int] | None = None) -> tuple[Shape, list[tuple]]:  # fmt: skip
+    def piece_keys(
+        self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int, stages: Sequence[int] | None = None
+    ) -> tuple[Shape, list[tuple]]:
         """`pieces` as (its shape: the stage, times run and slot of every piece in order; the key of each slot). A slot
         is one piece whatever the stage (a layer kind's, for instance, on every stage that runs it): priced once. The
         shape follows from the phase, whether two-batch overlap splits the step and the stages asked (remembered)."""
@@ -402,8 +427,9 @@ class StepModel:
                 _, kind, half = slot
                 here = part if half else rank_requests
                 tokens = here * new_tokens
-                keys.append(("layer", self._layers[kind], named, here, tokens, tokens * lay.attn_dp, new_tokens,
-                             context_tokens))  # fmt: skip
+                keys.append(
+                    ("layer", self._layers[kind], named, here, tokens, tokens * lay.attn_dp, new_tokens, context_tokens)
+                )
             elif what == "comms":
                 _, template, which = slot
                 if which == "halved":
@@ -459,8 +485,12 @@ class StepModel:
             last, first = self.layout.pp - 1, {}
             classes = []
             for stage, kinds in enumerate(self._stage_kinds):
-                alike = (tuple(kinds.items()), stage == 0, stage == last,
-                         *(self._stage_comms(stage, phase.value, part)[0] for part in parts))  # fmt: skip
+                alike = (
+                    tuple(kinds.items()),
+                    stage == 0,
+                    stage == last,
+                    *(self._stage_comms(stage, phase.value, part)[0] for part in parts),
+                )
                 classes.append(first.setdefault(alike, stage))
             made = self._classes[phase] = tuple(classes)
         return made
@@ -540,10 +570,11 @@ class StepModel:
                 placed = self._placed[where] = (group, _span(self.cluster, group))
             overlapped = halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL
             impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
-            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), *placed, impl, overlapped,
-                        count))  # fmt: skip
-        made = self._comm_templates[(stage, phase, part)] = (_comm_template(self.cluster, out) if out else None,
-                                                             tuple(out))  # fmt: skip
+            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), *placed, impl, overlapped, count))
+        made = self._comm_templates[(stage, phase, part)] = (
+            _comm_template(self.cluster, out) if out else None,
+            tuple(out),
+        )
         return made
 
     def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
@@ -569,8 +600,15 @@ def piece_op_keys(key: tuple) -> list[tuple]:
     return [("lm_head", head, sampled), ("sampling", vocab, sampled)]
 
 
-def layer_op_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_tokens: int, stage_tokens: int,
-                  new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
+def layer_op_keys(
+    inputs: LayerInputs,
+    phase: str,
+    rank_requests: int,
+    rank_tokens: int,
+    stage_tokens: int,
+    new_tokens: int,
+    context: int,
+) -> list[tuple]:
     """The keys of one layer's ops (run once) for a batch: `rank_requests` requests of the busiest attention-DP rank
     adding `new_tokens` each (`rank_tokens` in all; `stage_tokens` over the stage's DP ranks) to `context` cached
     tokens each. A key holds all its op is built from (`op_for`): equal keys, equal ops, on any layout. Its GEMMs
@@ -596,11 +634,20 @@ def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tok
     return keys
 
 
-def layer_other_keys(inputs: LayerInputs, phase: str, rank_requests: int, rank_tokens: int, stage_tokens: int,
-                     new_tokens: int, context: int) -> list[tuple]:  # fmt: skip
+def layer_other_keys(
+    inputs: LayerInputs,
+    phase: str,
+    rank_requests: int,
+    rank_tokens: int,
+    stage_tokens: int,
+    new_tokens: int,
+    context: int,
+) -> list[tuple]:
     """The keys of a layer's attention, elementwise kernels and routed experts."""
-    keys: list[tuple] = [("attention", inputs.attention, phase, rank_requests, new_tokens, context),
-                         ("elementwise", inputs.elementwise, inputs.model.hidden_size, rank_tokens)]  # fmt: skip
+    keys: list[tuple] = [
+        ("attention", inputs.attention, phase, rank_requests, new_tokens, context),
+        ("elementwise", inputs.elementwise, inputs.model.hidden_size, rank_tokens),
+    ]
     if inputs.moe:
         keys.append(("experts", inputs.experts, stage_tokens))
     return keys
@@ -616,23 +663,57 @@ def op_for(key: tuple) -> Compute:
         return _attention(inputs, _PHASES[phase], requests, new_tokens, context)
     if what == "lookup":
         _, h, tokens = key
-        return Compute(name="embedding lookup", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
-                       bytes=2 * tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16")  # fmt: skip
+        return Compute(
+            name="embedding lookup",
+            op_class=OpClass.ELEMENTWISE,
+            stage=0,
+            count=1,
+            flops=0.0,
+            bytes=2 * tokens * h * ACT_BYTES,
+            weight_bytes=0.0,
+            dtype="bf16",
+        )
     if what == "lm_head":
         _, inputs, sampled = key
         head = inputs.head
-        return Compute(name="lm_head", op_class=OpClass.GEMM, stage=0, count=1, flops=2 * sampled * head.params,
-                       bytes=head.bytes + sampled * inputs.model.vocab_size / inputs.lm_head_tp * 4,
-                       weight_bytes=head.bytes, dtype=head.dtype, gemms=head.gemms, tokens=sampled)  # fmt: skip
+        return Compute(
+            name="lm_head",
+            op_class=OpClass.GEMM,
+            stage=0,
+            count=1,
+            flops=2 * sampled * head.params,
+            bytes=head.bytes + sampled * inputs.model.vocab_size / inputs.lm_head_tp * 4,
+            weight_bytes=head.bytes,
+            dtype=head.dtype,
+            gemms=head.gemms,
+            tokens=sampled,
+        )
     if what == "sampling":
         _, vocab, sampled = key
-        return Compute(name="sampling", op_class=OpClass.SAMPLING, stage=0, count=1, flops=0.0,
-                       bytes=sampled * vocab * 4 * 2, weight_bytes=0.0, dtype="bf16", kernels=4)  # fmt: skip
+        return Compute(
+            name="sampling",
+            op_class=OpClass.SAMPLING,
+            stage=0,
+            count=1,
+            flops=0.0,
+            bytes=sampled * vocab * 4 * 2,
+            weight_bytes=0.0,
+            dtype="bf16",
+            kernels=4,
+        )
     if what == "elementwise":
         _, kernels, h, tokens = key
-        return Compute(name="norms, rotary, residual", op_class=OpClass.ELEMENTWISE, stage=0, count=1, flops=0.0,
-                       bytes=kernels * 2 * tokens * h * ACT_BYTES, weight_bytes=0.0, dtype="bf16",
-                       kernels=kernels)  # fmt: skip
+        return Compute(
+            name="norms, rotary, residual",
+            op_class=OpClass.ELEMENTWISE,
+            stage=0,
+            count=1,
+            flops=0.0,
+            bytes=kernels * 2 * tokens * h * ACT_BYTES,
+            weight_bytes=0.0,
+            dtype="bf16",
+            kernels=kernels,
+        )
     return _routed_experts(key[1], key[2])
 
 
@@ -667,10 +748,16 @@ def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens:
         lin = model.linear_attention
         flops = 4 * requests * new_tokens * lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
         return Compute(
-            name="linear attention", op_class=OpClass.ATTENTION, stage=0, count=1,
-            flops=flops / inputs.attn_tp, bytes=2 * requests * state / inputs.attn_tp, weight_bytes=0.0,
-            dtype="bf16", kernels=3,
-        )  # fmt: skip
+            name="linear attention",
+            op_class=OpClass.ATTENTION,
+            stage=0,
+            count=1,
+            flops=flops / inputs.attn_tp,
+            bytes=2 * requests * state / inputs.attn_tp,
+            weight_bytes=0.0,
+            dtype="bf16",
+            kernels=3,
+        )
     seen = context + (new_tokens / 2 if phase is Phase.PREFILL else new_tokens)
     full_length = context + new_tokens  # what a decode table is looked up at (with its window, if any)
     window = model.sliding_window if attention == "sliding" and model.sliding_window else 0
@@ -698,9 +785,12 @@ def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens:
         measured_shape = MLADecodeShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
     elif att.kind != "mla" and one_query and heads == int(heads):
         gqa_shape = GQADecodeShape(
-            heads=int(heads), kv_heads=max(1, att.num_kv_heads // max(1, inputs.attn_tp)), head_dim=att.head_dim,
-            kv_bytes=int(model.kv_bytes_per_element), window=window,
-        )  # fmt: skip
+            heads=int(heads),
+            kv_heads=max(1, att.num_kv_heads // max(1, inputs.attn_tp)),
+            head_dim=att.head_dim,
+            kv_bytes=int(model.kv_bytes_per_element),
+            window=window,
+        )
     return Compute(
         name="attention",
         op_class=OpClass.ATTENTION,
@@ -750,7 +840,7 @@ def _routed_experts(inputs: ExpertInputs, tokens: int) -> Compute:
             experts=moe.num_experts,
             moe_tp=inputs.moe_tp,
             moe_ep=inputs.moe_ep,
-        ),  # fmt: skip
+        ),
         tokens=tokens,
     )
 
@@ -758,8 +848,10 @@ def _routed_experts(inputs: ExpertInputs, tokens: int) -> Compute:
 def _calls(entries: Sequence[tuple], tokens: Sequence[int]) -> list[tuple]:
     """Template entries' collectives for these tokens (the rank's new tokens, the stage's, those cached, those
     sampled): (where, collective, bytes, group, implementation, hidden by two-batch overlap, times run)."""
-    return [(where, op, per_token * tokens[source], group, impl, overlapped, count)
-            for where, op, per_token, source, group, _, impl, overlapped, count in entries]  # fmt: skip
+    return [
+        (where, op, per_token * tokens[source], group, impl, overlapped, count)
+        for where, op, per_token, source, group, _, impl, overlapped, count in entries
+    ]
 
 
 def comm_ops(key: tuple) -> tuple[Comm, ...]:
@@ -769,6 +861,16 @@ def comm_ops(key: tuple) -> tuple[Comm, ...]:
 
 
 def _comm_ops(calls: list[tuple]) -> tuple[Comm, ...]:
-    return tuple(Comm(name=name, stage=0, count=count, collective=op, group=group, size_bytes=size, impl=impl,
-                      overlapped=overlapped)
-                 for name, op, size, group, impl, overlapped, count in calls)  # fmt: skip
+    return tuple(
+        Comm(
+            name=name,
+            stage=0,
+            count=count,
+            collective=op,
+            group=group,
+            size_bytes=size,
+            impl=impl,
+            overlapped=overlapped,
+        )
+        for name, op, size, group, impl, overlapped, count in calls
+    )

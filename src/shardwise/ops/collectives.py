@@ -49,8 +49,16 @@ def _attention_tp(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if layout.attn_tp == 1:
         return []
     h2 = model.hidden_size * ACT_BYTES
-    return [CommStep(where="attention output (o_proj)", op=Collective.ALL_REDUCE, group="attn_tp",
-                     group_size=layout.attn_tp, per="layer", bytes_per_token=h2)]  # fmt: skip
+    return [
+        CommStep(
+            where="attention output (o_proj)",
+            op=Collective.ALL_REDUCE,
+            group="attn_tp",
+            group_size=layout.attn_tp,
+            per="layer",
+            bytes_per_token=h2,
+        )
+    ]
 
 
 def _attention_dp(layout: Layout, model: ModelSpec) -> list[CommStep]:
@@ -66,9 +74,11 @@ def _attention_dp(layout: Layout, model: ModelSpec) -> list[CommStep]:
     return [
         CommStep(where=where, op=op, group="stage", group_size=layout.stage_gpus, per=per, bytes_per_token=h2)
         for per in split
-        for where, op in (("gather attention-DP tokens before the MLP", Collective.ALL_GATHER),
-                          ("reduce-scatter MLP output to attention-DP ranks", Collective.REDUCE_SCATTER))
-    ]  # fmt: skip
+        for where, op in (
+            ("gather attention-DP tokens before the MLP", Collective.ALL_GATHER),
+            ("reduce-scatter MLP output to attention-DP ranks", Collective.REDUCE_SCATTER),
+        )
+    ]
 
 
 def _moe(layout: Layout, model: ModelSpec) -> list[CommStep]:
@@ -78,32 +88,66 @@ def _moe(layout: Layout, model: ModelSpec) -> list[CommStep]:
     h2 = model.hidden_size * ACT_BYTES
     if layout.moe_comm == "all2all":  # every token goes to (and comes back from) the GPUs of its top-k experts
         return [
-            CommStep(where=where, op=Collective.ALL_TO_ALL, group="moe_ep", group_size=layout.moe_ep,
-                     per="moe_layer", bytes_per_token=h2 * model.moe.top_k)
+            CommStep(
+                where=where,
+                op=Collective.ALL_TO_ALL,
+                group="moe_ep",
+                group_size=layout.moe_ep,
+                per="moe_layer",
+                bytes_per_token=h2 * model.moe.top_k,
+            )
             for where in ("MoE dispatch", "MoE combine")
-        ]  # fmt: skip
+        ]
     if layout.attn_dp > 1:  # the attention-DP reduce-scatter sums the partial outputs
         return []
-    return [CommStep(where="MoE output (partial sums over EP and MoE-TP)", op=Collective.ALL_REDUCE, group="stage",
-                     group_size=width, per="moe_layer", bytes_per_token=h2)]  # fmt: skip
+    return [
+        CommStep(
+            where="MoE output (partial sums over EP and MoE-TP)",
+            op=Collective.ALL_REDUCE,
+            group="stage",
+            group_size=width,
+            per="moe_layer",
+            bytes_per_token=h2,
+        )
+    ]
 
 
 def _dense_mlp(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if not model.layer_mlp.count("dense") or layout.dense_tp == 1 or layout.attn_dp > 1:
         return []
-    return [CommStep(where="dense MLP output", op=Collective.ALL_REDUCE, group="stage", group_size=layout.dense_tp,
-                     per="dense_layer", bytes_per_token=model.hidden_size * ACT_BYTES)]  # fmt: skip
+    return [
+        CommStep(
+            where="dense MLP output",
+            op=Collective.ALL_REDUCE,
+            group="stage",
+            group_size=layout.dense_tp,
+            per="dense_layer",
+            bytes_per_token=model.hidden_size * ACT_BYTES,
+        )
+    ]
 
 
 def _vocabulary(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if layout.lm_head_tp == 1:
         return []
     return [
-        CommStep(where="embedding lookup (vocab-parallel)", op=Collective.ALL_REDUCE, group="stage",
-                 group_size=layout.lm_head_tp, per="step", bytes_per_token=model.hidden_size * ACT_BYTES),
-        CommStep(where="logits (vocab-parallel lm_head)", op=Collective.ALL_GATHER, group="stage",
-                 group_size=layout.lm_head_tp, per="step", bytes_per_token=model.vocab_size * ACT_BYTES),
-    ]  # fmt: skip
+        CommStep(
+            where="embedding lookup (vocab-parallel)",
+            op=Collective.ALL_REDUCE,
+            group="stage",
+            group_size=layout.lm_head_tp,
+            per="step",
+            bytes_per_token=model.hidden_size * ACT_BYTES,
+        ),
+        CommStep(
+            where="logits (vocab-parallel lm_head)",
+            op=Collective.ALL_GATHER,
+            group="stage",
+            group_size=layout.lm_head_tp,
+            per="step",
+            bytes_per_token=model.vocab_size * ACT_BYTES,
+        ),
+    ]
 
 
 def _decode_context_parallel(layout: Layout, model: ModelSpec) -> list[CommStep]:
@@ -127,23 +171,41 @@ def _decode_context_parallel(layout: Layout, model: ModelSpec) -> list[CommStep]
     phase = "decode" if mla else None
 
     def step(where: str, op: Collective, bytes_per_token: float, **kw: object) -> CommStep:
-        return CommStep(where=where, op=op, group="attn_tp", group_size=d, per="attention_layer",
-                        bytes_per_token=bytes_per_token, **{"phase": phase, **kw})  # fmt: skip
+        return CommStep(
+            where=where,
+            op=op,
+            group="attn_tp",
+            group_size=d,
+            per="attention_layer",
+            bytes_per_token=bytes_per_token,
+            **{"phase": phase, **kw},
+        )
 
     steps = []
     if not layout.dcp_q_replicate:
         steps.append(step("DCP query gather", Collective.ALL_GATHER, heads * q_width * ACT_BYTES))
     if layout.dcp_comm == "a2a":
-        steps.append(step("DCP partial outputs and LSE exchange", Collective.ALL_TO_ALL,
-                          heads * (out_width * ACT_BYTES + LSE_BYTES)))  # fmt: skip
+        steps.append(
+            step(
+                "DCP partial outputs and LSE exchange",
+                Collective.ALL_TO_ALL,
+                heads * (out_width * ACT_BYTES + LSE_BYTES),
+            )
+        )
     else:
         steps.append(step("DCP LSE gather", Collective.ALL_GATHER, d * heads * LSE_BYTES))
-        steps.append(step("DCP partial outputs reduce-scatter", Collective.REDUCE_SCATTER,
-                          heads * out_width * layout.dcp_partial_bytes))  # fmt: skip
+        steps.append(
+            step(
+                "DCP partial outputs reduce-scatter",
+                Collective.REDUCE_SCATTER,
+                heads * out_width * layout.dcp_partial_bytes,
+            )
+        )
     if mla:
         kv_bytes = with_kv_dtype(model, layout).kv_bytes_per_token_per_layer()  # the cache's own dtype
-        steps.append(step("DCP cached-prefix KV gather", Collective.ALL_GATHER, kv_bytes, phase="prefill",
-                          sized_by="cached"))  # fmt: skip
+        steps.append(
+            step("DCP cached-prefix KV gather", Collective.ALL_GATHER, kv_bytes, phase="prefill", sized_by="cached")
+        )
     return steps
 
 
@@ -151,10 +213,25 @@ def _pipeline(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if layout.pp == 1:
         return []
     h2 = model.hidden_size * ACT_BYTES
-    return [CommStep(where="activations to the next stage", op=Collective.SEND_RECV, group="pp", group_size=2,
-                     per="stage_boundary", count=layout.pp - 1, bytes_per_token=h2)]  # fmt: skip
+    return [
+        CommStep(
+            where="activations to the next stage",
+            op=Collective.SEND_RECV,
+            group="pp",
+            group_size=2,
+            per="stage_boundary",
+            count=layout.pp - 1,
+            bytes_per_token=h2,
+        )
+    ]
 
 
 BUILDERS: tuple[Callable[[Layout, ModelSpec], list[CommStep]], ...] = (
-    _attention_tp, _attention_dp, _moe, _dense_mlp, _vocabulary, _decode_context_parallel, _pipeline,
-)  # fmt: skip
+    _attention_tp,
+    _attention_dp,
+    _moe,
+    _dense_mlp,
+    _vocabulary,
+    _decode_context_parallel,
+    _pipeline,
+)

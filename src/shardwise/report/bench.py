@@ -53,15 +53,21 @@ def levels_table(records: list[dict[str, Any]], *, title: str) -> Table:
         if r["request_rate"] is not None:
             load = f"{load} {r['request_rate']:g}/s".strip()
         cells = [r[k] for k in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "mean_e2el_ms")]
-        table.add_row(load, str(r["completed"]), str(r["failed"]), f"{r['output_throughput']:,.1f}",
-                      *("—" if c is None else f"{c:,.1f}" for c in cells))  # fmt: skip
+        table.add_row(
+            load,
+            str(r["completed"]),
+            str(r["failed"]),
+            f"{r['output_throughput']:,.1f}",
+            *("—" if c is None else f"{c:,.1f}" for c in cells),
+        )
     return table
 
 
 def sweep_table(ranked: list[dict[str, Any]], *, calibrated: bool) -> Table:
     """The swept setups, re-ranked: measured first (by what was measured), then the rest by prediction."""
-    table = Table(title="swept setups, re-ranked" + (" (predictions recalibrated on the measurements)" if calibrated
-                                                     else ""))  # fmt: skip
+    table = Table(
+        title="swept setups, re-ranked" + (" (predictions recalibrated on the measurements)" if calibrated else "")
+    )
     for name in ("setup", "status", "predicted", "calibrated", "measured", "why"):
         table.add_column(name, justify="right" if name in ("predicted", "calibrated", "measured") else "left")
     for r in ranked:
@@ -69,8 +75,9 @@ def sweep_table(ranked: list[dict[str, Any]], *, calibrated: bool) -> Table:
         why = r["reason"] or ""
         if r.get("detail"):
             why = f"{why}: {r['detail']}"
-        table.add_row(r["layout"] or _flags(r["command"]), r["status"],
-                      *("—" if c is None else f"{c:,.0f}" for c in cells), why)  # fmt: skip
+        table.add_row(
+            r["layout"] or _flags(r["command"]), r["status"], *("—" if c is None else f"{c:,.0f}" for c in cells), why
+        )
     table.caption = "output tok/s at the highest level; predicted with the default constants and recalibrated"
     return table
 

@@ -63,9 +63,16 @@ def _throughput_chart(t: Theory) -> Figure:
     fig, ax = _figure(5.2)
     for n, s in enumerate(distinct_layouts(t)[:CHARTED], start=1):  # the best drawn over the others
         c = s.candidate
-        ax.plot([p.concurrency for p in c.predictions], [p.output_tok_s for p in c.predictions], label=_label(n, c),
-                marker=MARKERS[(n - 1) % len(MARKERS)], markersize=4, linewidth=2.2 if n == 1 else 1.3,
-                color=f"C{n - 1}", zorder=3 + CHARTED - n)  # fmt: skip
+        ax.plot(
+            [p.concurrency for p in c.predictions],
+            [p.output_tok_s for p in c.predictions],
+            label=_label(n, c),
+            marker=MARKERS[(n - 1) % len(MARKERS)],
+            markersize=4,
+            linewidth=2.2 if n == 1 else 1.3,
+            color=f"C{n - 1}",
+            zorder=3 + CHARTED - n,
+        )
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=24))  # every power of two
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # 1, 2, 4, ... not 2^0, 2^1, 2^2
@@ -82,8 +89,14 @@ def _pareto_chart(t: Theory) -> Figure:
     ys = [p.output_tok_s / c.gpus for c in t.result.candidates for p in c.predictions]
     ax.scatter(xs, ys, s=6, color="#bbb", label="every setup × concurrency")
     front = t.frontier
-    ax.plot([q.per_user_tok_s for q in front], [q.tok_s_per_gpu for q in front], color="#c0392b", marker="o",
-            markersize=4, label="Pareto frontier")  # fmt: skip
+    ax.plot(
+        [q.per_user_tok_s for q in front],
+        [q.tok_s_per_gpu for q in front],
+        color="#c0392b",
+        marker="o",
+        markersize=4,
+        label="Pareto frontier",
+    )
     ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax.set_xlabel("output tokens/s per user")
     ax.set_ylabel("output tokens/s per GPU")
@@ -119,11 +132,14 @@ def charts(t: Theory) -> list[tuple[str, str, Figure]]:
     """The page's charts: (name, caption, figure). Each plot area and legend carries an id ('NAME-plot',
     'NAME-legend') by which a browser can find them."""
     out = [
-        ("throughput", "Output throughput against concurrency, the best layouts (numbered as in the ranking)",
-         _throughput_chart(t)),
+        (
+            "throughput",
+            "Output throughput against concurrency, the best layouts (numbered as in the ranking)",
+            _throughput_chart(t),
+        ),
         ("pareto", "Throughput per GPU against speed per user; the frontier in red", _pareto_chart(t)),
         ("breakdown", "Where each output token's time goes, at the winner's concurrency", _breakdown_chart(t)),
-    ]  # fmt: skip
+    ]
     for name, _, fig in out:
         fig.axes[0].patch.set_gid(f"{name}-plot")
         fig.legends[0].set_gid(f"{name}-legend")
@@ -156,21 +172,47 @@ def theory_html(t: Theory, *, top: int) -> str:
     if t.ranking.scores:
         shown = distinct_layouts(t)
         out.append("<h2>Ranking</h2>")
-        out.append(f'<p class="note">The top {min(top, len(shown))} of {len(shown)} layouts that start, each at its '
-                   f"best options ({len(t.ranking.scores)} setups).</p>")  # fmt: skip
-        out.append(_table(
-            ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
-            [[str(n), s.candidate.name, f"{s.at.output_tok_s:,.0f}", str(s.at.concurrency),
-              f"{s.at.output_tok_s / s.candidate.gpus:,.0f}", f"{s.at.per_user_tok_s:,.1f}", s.at.bound]
-             for n, s in enumerate(shown[:top], start=1)],
-        ))  # fmt: skip
+        out.append(
+            f'<p class="note">The top {min(top, len(shown))} of {len(shown)} layouts that start, each at its '
+            f"best options ({len(t.ranking.scores)} setups).</p>"
+        )
+        out.append(
+            _table(
+                ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
+                [
+                    [
+                        str(n),
+                        s.candidate.name,
+                        f"{s.at.output_tok_s:,.0f}",
+                        str(s.at.concurrency),
+                        f"{s.at.output_tok_s / s.candidate.gpus:,.0f}",
+                        f"{s.at.per_user_tok_s:,.1f}",
+                        s.at.bound,
+                    ]
+                    for n, s in enumerate(shown[:top], start=1)
+                ],
+            )
+        )
         for name, caption, fig in charts(t):
-            out.append(f'<figure class="chart" id="chart-{name}">{_svg(fig)}<figcaption>{html.escape(caption)}'
-                       "</figcaption></figure>")  # fmt: skip
+            out.append(
+                f'<figure class="chart" id="chart-{name}">{_svg(fig)}<figcaption>{html.escape(caption)}'
+                "</figcaption></figure>"
+            )
         out.append("<h2>The best setup at each concurrency</h2>")
-        out.append(_table(["C", "setup", "tok/s", "tok/s per user"], [
-            [str(w.concurrency), w.candidate.name, f"{w.prediction.output_tok_s:,.0f}",
-             f"{w.prediction.per_user_tok_s:,.1f}"] for w in t.winners]))  # fmt: skip
+        out.append(
+            _table(
+                ["C", "setup", "tok/s", "tok/s per user"],
+                [
+                    [
+                        str(w.concurrency),
+                        w.candidate.name,
+                        f"{w.prediction.output_tok_s:,.0f}",
+                        f"{w.prediction.per_user_tok_s:,.1f}",
+                    ]
+                    for w in t.winners
+                ],
+            )
+        )
     families = family_lines(t)
     if families:
         out.append("<h2>Why the others lose</h2><ul>")
@@ -178,19 +220,32 @@ def theory_html(t: Theory, *, top: int) -> str:
         out.append("</ul>")
     if t.what_ifs:
         out.append("<h2>What would change it</h2>")
-        out.append(_table(["what if", "tok/s", "gain", "how"], [
-            [w.label, "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
-             "—" if w.gain is None else f"{w.gain:.2f}×", (w.setup + ": " if w.setup else "") + w.note]
-            for w in t.what_ifs]))  # fmt: skip
+        out.append(
+            _table(
+                ["what if", "tok/s", "gain", "how"],
+                [
+                    [
+                        w.label,
+                        "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
+                        "—" if w.gain is None else f"{w.gain:.2f}×",
+                        (w.setup + ": " if w.setup else "") + w.note,
+                    ]
+                    for w in t.what_ifs
+                ],
+            )
+        )
     tried = [e for e in t.result.excluded if e.hand_tried]
     out.append(f"<h2>Excluded ({len(t.result.excluded)} setups; those tried by hand)</h2>")
-    out.append(_table(["verdict", "command", "why"], [[e.verdict, command_text(list(e.launch)), e.reason]
-                                                      for e in tried]))  # fmt: skip
+    out.append(
+        _table(["verdict", "command", "why"], [[e.verdict, command_text(list(e.launch)), e.reason] for e in tried])
+    )
     if t.verify:
         out.append("<h2>Start it and check it</h2><pre>")
         out += [html.escape(line) for line in t.verify_lines()]
         out.append("</pre>")
     body = "\n".join(out)
     title = html.escape(headline(t))
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")  # fmt: skip
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"
+    )

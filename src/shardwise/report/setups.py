@@ -254,8 +254,16 @@ def layouts_payload(rows: list[LayoutRow], model: ModelSpec, *, isl: int, osl: i
     ]
 
 
-def layouts_heading(rows: list[LayoutRow], *, engine: str, model: str, cluster: str, flag: str | None,
-                    show_all: bool, would_fit: tuple[str, ...]) -> str:  # fmt: skip
+def layouts_heading(
+    rows: list[LayoutRow],
+    *,
+    engine: str,
+    model: str,
+    cluster: str,
+    flag: str | None,
+    show_all: bool,
+    would_fit: tuple[str, ...],
+) -> str:
     """One line: how many layouts pass the engine's checks and how many fit, at the engine's default memory
     fraction or, where none fits there, at the highest its rules allow; when none fits at all, what would."""
     n, of = len(rows), f"of {model} on {cluster}"
@@ -264,8 +272,11 @@ def layouts_heading(rows: list[LayoutRow], *, engine: str, model: str, cluster: 
     fitting = sum(r.memory.verdict == "ok" for r in rows)
     raised = [r for r in rows if r.raised]
     if not fitting:
-        none = (f"none of the {n} {engine} layouts {of} that pass the engine's checks fits" if n > 1
-                else f"the one {engine} layout {of} that passes the engine's checks does not fit")  # fmt: skip
+        none = (
+            f"none of the {n} {engine} layouts {of} that pass the engine's checks fits"
+            if n > 1
+            else f"the one {engine} layout {of} that passes the engine's checks does not fit"
+        )
         even = f", even at the highest {flag} the engine's rules allow" if raised else ""
         listed = "" if show_all else f"; --all lists {'them' if n > 1 else 'it'}"
         return f"{none} in memory{even}; what would: " + "; ".join(would_fit) + listed
@@ -277,8 +288,10 @@ def layouts_heading(rows: list[LayoutRow], *, engine: str, model: str, cluster: 
     at = f"{defaults[0]:.3f}" + (f"–{defaults[-1]:.3f}" if len(defaults) > 1 else "")
     images = any(r.setup.layout and r.setup.layout.options.fraction_scale < 1 for r in raised)
     keep = "; serving images, keep the default: it leaves room for the image encoder" if images else ""
-    return (head + f"none fits at the engine's default {flag} ({at} for these layouts); {fitting} fit at the highest "
-            f"fraction the engine's rules allow, as theorise raises it{others}{keep}")  # fmt: skip
+    return (
+        head + f"none fits at the engine's default {flag} ({at} for these layouts); {fitting} fit at the highest "
+        f"fraction the engine's rules allow, as theorise raises it{others}{keep}"
+    )
 
 
 def _common_ends(commands: list[list[str]]) -> tuple[int, int]:
@@ -308,8 +321,15 @@ def layouts_table(rows: list[LayoutRow], *, title: str, isl: int, osl: int) -> G
         return Group(Text(title))
     raised = any(r.raised for r in rows)
     # the layout's name says its degrees (attention TP×DP, MoE EP×TP, PP, DCP, copies); --json lists each
-    columns = ["#", "layout", "memory", "KV tokens", f"fit at {isl}+{osl}", *(["memory fraction"] if raised else []),
-               "flags"]  # fmt: skip
+    columns = [
+        "#",
+        "layout",
+        "memory",
+        "KV tokens",
+        f"fit at {isl}+{osl}",
+        *(["memory fraction"] if raised else []),
+        "flags",
+    ]
     table = Table(title_justify="left")
     for col in columns:
         table.add_column(col, justify="left" if col in ("layout", "memory", "flags") else "right")
@@ -331,6 +351,5 @@ def layouts_table(rows: list[LayoutRow], *, title: str, isl: int, osl: int) -> G
     launch = f"launch: {command_text(sample[:head])} FLAGS {command_text(sample[len(sample) - tail :])}".rstrip()
     nodes = rows[0].commands
     if len(nodes) > 1:
-        launch += (f"\n  that is node 0's command; {_other_nodes(nodes)}; set HEAD_IP to node 0's address "
-                   "on every node")  # fmt: skip
+        launch += f"\n  that is node 0's command; {_other_nodes(nodes)}; set HEAD_IP to node 0's address on every node"
     return Group(Text(title), Text(launch, style="dim"), table)

@@ -110,9 +110,14 @@ def progress_bar(total: int, *, label: str, delay_s: float = 1.0) -> Iterator[Ca
     yields update(description, completed)."""
     console = Console(stderr=True)
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=not console.is_terminal,
-    )  # fmt: skip
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
     task = progress.add_task(label, total=total)
     start, shown = time.monotonic(), False
 

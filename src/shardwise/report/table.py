@@ -222,8 +222,9 @@ def print_renderable(renderable: object, *, console: Console | None = None) -> N
         renderable.show_edge = False
         need = _measure(console, renderable).minimum
         if need > console.width:
-            console = Console(width=need, file=console.file, force_terminal=console.is_terminal,
-                              color_system=console.color_system)  # fmt: skip
+            console = Console(
+                width=need, file=console.file, force_terminal=console.is_terminal, color_system=console.color_system
+            )
     if isinstance(renderable, Table) and _measure(console, renderable).maximum > console.width:
         _keep_words_whole(console, renderable)
     console.print(renderable)

@@ -53,19 +53,27 @@ def narrative(t: Theory) -> list[str]:
     c, p = win.candidate, win.at
     one = min(c.predictions, key=lambda q: q.concurrency)
     if t.ranking.objective is Objective.MIN_LATENCY:
-        lines = [f"Fastest for one user: {c.name}: {p.per_user_tok_s:,.1f} tok/s per user ({p.tpot_s * 1e3:.1f} ms "
-                 f"per output token) at {p.concurrency} client(s)."]  # fmt: skip
+        lines = [
+            f"Fastest for one user: {c.name}: {p.per_user_tok_s:,.1f} tok/s per user ({p.tpot_s * 1e3:.1f} ms "
+            f"per output token) at {p.concurrency} client(s)."
+        ]
     else:
         lines = [
             f"Best for {t.ranking.objective.value}: {c.name}: {p.output_tok_s:,.0f} output tok/s at {p.concurrency} "
             f"clients ({p.output_tok_s / c.gpus:,.0f} per GPU, {p.per_user_tok_s:,.1f} per user); "
             f"{one.output_tok_s:,.1f} tok/s at {one.concurrency} client."
         ]
-    parts = ", ".join(f"{PART_NAMES.get(k, k)} {v * 1e3:.1f}" for k, v in sorted(ex.breakdown_s.items(),
-                      key=lambda kv: -kv[1]) if v > 0)  # fmt: skip
+    parts = ", ".join(
+        f"{PART_NAMES.get(k, k)} {v * 1e3:.1f}"
+        for k, v in sorted(ex.breakdown_s.items(), key=lambda kv: -kv[1])
+        if v > 0
+    )
     bound = "KV-cache capacity" if ex.bound == "kv_capacity" else PART_NAMES.get(ex.bound, ex.bound)
-    comm = (f" A decode step spends {ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
-            if ex.collectives_per_step else "")  # fmt: skip
+    comm = (
+        f" A decode step spends {ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
+        if ex.collectives_per_step
+        else ""
+    )
     lines.append(
         f"What bounds it: {bound}. It runs {p.running} requests at once (KV pool {c.memory.kv_tokens_total:,} "
         f"tokens); each output token takes {p.tpot_s * 1e3:.1f} ms: {parts} ms.{comm}"
@@ -76,8 +84,11 @@ def narrative(t: Theory) -> list[str]:
     lines += _defaults_lines(t)
     ties = [s for s in t.ranking.ties() if s is not t.ranking.preferred_over]
     if ties:
-        lines.append(f"Within {t.ranking.band:.0%} of the top (a tie: the model's median error on published runs): "
-                     + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + ".")  # fmt: skip
+        lines.append(
+            f"Within {t.ranking.band:.0%} of the top (a tie: the model's median error on published runs): "
+            + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4])
+            + "."
+        )
     if t.ceiling:
         ce = t.ceiling
         lines.append(
@@ -88,8 +99,11 @@ def narrative(t: Theory) -> list[str]:
             else f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s at full batch."
         )
     if t.crossovers:
-        lines.append("The best setup changes with load: " + "; ".join(
-            f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers) + ".")  # fmt: skip
+        lines.append(
+            "The best setup changes with load: "
+            + "; ".join(f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers)
+            + "."
+        )
     lines.append(_trust_line())
     return lines
 
@@ -99,14 +113,18 @@ def _saturation_line(t: Theory, c: Candidate) -> str:
     peak, k, cap = c.peak, knee(c), c.memory.max_concurrency(isl=t.result.isl, osl=t.result.osl)
     levels = t.result.concurrency
     if peak.concurrency == levels[-1] and peak.running < cap:
-        where = (f"It is still rising at {peak.concurrency} clients, the most asked for (its KV pool holds {cap:,} "
-                 "requests at once)")  # fmt: skip
+        where = (
+            f"It is still rising at {peak.concurrency} clients, the most asked for (its KV pool holds {cap:,} "
+            "requests at once)"
+        )
     elif peak.running >= cap:
         where = f"Its throughput stops rising at {peak.concurrency} clients: its KV pool holds {cap:,} requests at once"
     else:
         where = f"Its throughput peaks at {peak.concurrency} clients, before its KV pool ({cap:,} requests) binds"
-    return (f"{where}; it is within {KNEE:.0%} of its most from {k.concurrency} clients ({k.output_tok_s:,.0f} tok/s, "
-            f"{k.per_user_tok_s:,.1f} per user, {k.tpot_s * 1e3:,.0f} ms per token).")  # fmt: skip
+    return (
+        f"{where}; it is within {KNEE:.0%} of its most from {k.concurrency} clients ({k.output_tok_s:,.0f} tok/s, "
+        f"{k.per_user_tok_s:,.1f} per user, {k.tpot_s * 1e3:,.0f} ms per token)."
+    )
 
 
 def _defaults_lines(t: Theory) -> list[str]:
@@ -129,8 +147,11 @@ def _defaults_lines(t: Theory) -> list[str]:
     said = []
     for g in option_gains(t.ranking):
         gain = g.gain(win.value)
-        said.append(f"{g.option} {bought(gain, g.without.value)}" if gain is not None and g.without
-                    else f"{g.option} (without it the setup does not serve this workload)")  # fmt: skip
+        said.append(
+            f"{g.option} {bought(gain, g.without.value)}"
+            if gain is not None and g.without
+            else f"{g.option} (without it the setup does not serve this workload)"
+        )
     for f in flag_gains(t.ranking):
         said.append(f"{' with '.join(f.flags)} {bought(f.gain(win.value), f.without.value)}")
     if said:
@@ -177,8 +198,10 @@ def _kept_for(opts: Any, *, raised: bool) -> str:
         kept.append(f"images' activations (the engine's ×{opts.fraction_scale:.4f} for a multimodal model)")
     text = f", kept for {' and '.join(kept)}" if kept else ""
     if raised and opts.fraction_scale < 1:
-        text += (f"; the engine's own default keeps back ×{opts.fraction_scale:.4f} of it for a multimodal model's "
-                 "image encoder, which text requests do not run: serving images, stay at the default")  # fmt: skip
+        text += (
+            f"; the engine's own default keeps back ×{opts.fraction_scale:.4f} of it for a multimodal model's "
+            "image encoder, which text requests do not run: serving images, stay at the default"
+        )
     return text
 
 
@@ -250,18 +273,26 @@ def distinct_layouts(t: Theory) -> list[Score]:
 def _ranked_table(t: Theory, top: int) -> Table:
     """The best `top` layouts, each at its best options."""
     shown = distinct_layouts(t)
-    table = Table(title=f"top {min(top, len(shown))} of {len(shown)} layouts that start, each at its best options "
-                        f"({len(t.ranking.scores)} setups)")  # fmt: skip
+    table = Table(
+        title=f"top {min(top, len(shown))} of {len(shown)} layouts that start, each at its best options "
+        f"({len(t.ranking.scores)} setups)"
+    )
     for name in ("#", "setup", "tok/s", "at C", "/GPU", "/user", "C=1", "bound", "KV req"):
         table.add_column(name, justify="left" if name in ("setup", "bound") else "right")
     for n, s in enumerate(shown[:top], start=1):
         c, p = s.candidate, s.at
         one = min(c.predictions, key=lambda q: q.concurrency)
         table.add_row(
-            str(n), c.name, f"{p.output_tok_s:,.0f}", str(p.concurrency), f"{p.output_tok_s / c.gpus:,.0f}",
-            f"{p.per_user_tok_s:,.1f}", f"{one.output_tok_s:,.1f}", p.bound.replace("kv_capacity", "KV"),
+            str(n),
+            c.name,
+            f"{p.output_tok_s:,.0f}",
+            str(p.concurrency),
+            f"{p.output_tok_s / c.gpus:,.0f}",
+            f"{p.per_user_tok_s:,.1f}",
+            f"{one.output_tok_s:,.1f}",
+            p.bound.replace("kv_capacity", "KV"),
             str(c.memory.max_concurrency(isl=t.result.isl, osl=t.result.osl)),
-        )  # fmt: skip
+        )
     return table
 
 
@@ -271,8 +302,13 @@ def _winners_table(t: Theory) -> Table:
         table.add_column(name, justify="left" if name == "setup" else "right")
     for w in t.winners:
         p = w.prediction
-        table.add_row(str(w.concurrency), w.candidate.name, f"{p.output_tok_s:,.0f}", f"{p.per_user_tok_s:,.1f}",
-                      f"{p.tpot_s * 1e3:,.1f}")  # fmt: skip
+        table.add_row(
+            str(w.concurrency),
+            w.candidate.name,
+            f"{p.output_tok_s:,.0f}",
+            f"{p.per_user_tok_s:,.1f}",
+            f"{p.tpot_s * 1e3:,.1f}",
+        )
     return table
 
 
@@ -293,14 +329,26 @@ def _benchmark_rows(t: Theory) -> list[list[str]]:
     rows = []
     for n, s in enumerate(t.benchmark.ranked, start=1):
         for r in s.results:
-            rows.append([str(n), s.candidate.name, str(s.screen_rank), short_load(r), f"{r.output_tok_s:,.0f}",
-                         f"{r.tpot_s.mean * 1e3:,.1f}", f"{r.ttft_s.mean:,.2f}", f"{r.mean_running:,.0f}"])  # fmt: skip
+            rows.append(
+                [
+                    str(n),
+                    s.candidate.name,
+                    str(s.screen_rank),
+                    short_load(r),
+                    f"{r.output_tok_s:,.0f}",
+                    f"{r.tpot_s.mean * 1e3:,.1f}",
+                    f"{r.ttft_s.mean:,.2f}",
+                    f"{r.mean_running:,.0f}",
+                ]
+            )
     return rows
 
 
 def _benchmark_table(t: Theory) -> Table:
-    table = Table(title=f"the best {len(t.benchmark.ranked) if t.benchmark else 0} of the screen, simulated as the "
-                  f"benchmark sends it: {_workload_text(t)}")  # fmt: skip
+    table = Table(
+        title=f"the best {len(t.benchmark.ranked) if t.benchmark else 0} of the screen, simulated as the "
+        f"benchmark sends it: {_workload_text(t)}"
+    )
     for name in ("#", "setup", "screen #", "load", "tok/s", "TPOT ms", "TTFT s", "running"):
         table.add_column(name, justify="left" if name == "setup" else "right")
     for row in _benchmark_rows(t):
@@ -316,12 +364,16 @@ def benchmark_lines(t: Theory) -> list[str]:
     best = b.best
     lines = []
     if best.screen_rank == 1:
-        lines.append(f"Under this workload the screen's winner stays best: {best.candidate.name}, "
-                     f"{best.output_tok_s:,.0f} tok/s as the benchmark would report it.")  # fmt: skip
+        lines.append(
+            f"Under this workload the screen's winner stays best: {best.candidate.name}, "
+            f"{best.output_tok_s:,.0f} tok/s as the benchmark would report it."
+        )
     else:
-        lines.append(f"Under this workload {best.candidate.name} (#{best.screen_rank} of the screen) is best with "
-                     f"{best.output_tok_s:,.0f} tok/s: the spread of lengths, the arrivals and the run's tail rank the "
-                     "setups differently from a steady closed loop at mean lengths.")  # fmt: skip
+        lines.append(
+            f"Under this workload {best.candidate.name} (#{best.screen_rank} of the screen) is best with "
+            f"{best.output_tok_s:,.0f} tok/s: the spread of lengths, the arrivals and the run's tail rank the "
+            "setups differently from a steady closed loop at mean lengths."
+        )
     lines += [f"Not simulated: {name}: {why}" for name, why in b.dropped]
     return lines
 
@@ -332,22 +384,38 @@ def _benchmark_payload(t: Theory) -> dict[str, Any] | None:
         return None
     return {
         "workloads": [
-            {"num_prompts": w.num_requests, "max_concurrency": w.concurrency,
-             "request_rate": None if w.request_rate == float("inf") else w.request_rate, "burstiness": w.burstiness,
-             "seed": w.seed, "pairs": len(w.pairs)}
+            {
+                "num_prompts": w.num_requests,
+                "max_concurrency": w.concurrency,
+                "request_rate": None if w.request_rate == float("inf") else w.request_rate,
+                "burstiness": w.burstiness,
+                "seed": w.seed,
+                "pairs": len(w.pairs),
+            }
             for w in b.workloads
         ],
         "ranked": [
-            {"setup": s.candidate.name, "screen_rank": s.screen_rank, "output_tok_s": round(s.output_tok_s, 2),
-             "launch": list(s.candidate.launch),
-             "results": [{"load": short_load(r), "output_tok_s": round(r.output_tok_s, 2),
-                          "tpot_ms_mean": round(r.tpot_s.mean * 1e3, 3), "ttft_s_mean": round(r.ttft_s.mean, 4),
-                          "mean_running": round(r.mean_running, 1), "retractions": r.retractions}
-                         for r in s.results]}
+            {
+                "setup": s.candidate.name,
+                "screen_rank": s.screen_rank,
+                "output_tok_s": round(s.output_tok_s, 2),
+                "launch": list(s.candidate.launch),
+                "results": [
+                    {
+                        "load": short_load(r),
+                        "output_tok_s": round(r.output_tok_s, 2),
+                        "tpot_ms_mean": round(r.tpot_s.mean * 1e3, 3),
+                        "ttft_s_mean": round(r.ttft_s.mean, 4),
+                        "mean_running": round(r.mean_running, 1),
+                        "retractions": r.retractions,
+                    }
+                    for r in s.results
+                ],
+            }
             for s in b.ranked
         ],
         "dropped": [{"setup": name, "why": why} for name, why in b.dropped],
-    }  # fmt: skip
+    }
 
 
 def _what_if_table(t: Theory) -> Table:
@@ -410,15 +478,26 @@ def _gains_payload(t: Theory) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for g in option_gains(t.ranking):
         gain = g.gain(win.value)
-        out.append({"flags": [g.option], "without": g.without.candidate.name if g.without else None,
-                    "without_tok_s": round(g.without.value, 3) if g.without else None,
-                    "gain": round(gain, 4) if gain is not None else None,
-                    "tie": g.without is not None and tied(g.without.value, win.value, t.ranking.band)})  # fmt: skip
+        out.append(
+            {
+                "flags": [g.option],
+                "without": g.without.candidate.name if g.without else None,
+                "without_tok_s": round(g.without.value, 3) if g.without else None,
+                "gain": round(gain, 4) if gain is not None else None,
+                "tie": g.without is not None and tied(g.without.value, win.value, t.ranking.band),
+            }
+        )
     for f in flag_gains(t.ranking):
         gain = f.gain(win.value)
-        out.append({"flags": list(f.flags), "without": f.without.candidate.name,
-                    "without_tok_s": round(f.without.value, 3), "gain": round(gain, 4),
-                    "tie": tied(f.without.value, win.value, t.ranking.band)})  # fmt: skip
+        out.append(
+            {
+                "flags": list(f.flags),
+                "without": f.without.candidate.name,
+                "without_tok_s": round(f.without.value, 3),
+                "gain": round(gain, 4),
+                "tie": tied(f.without.value, win.value, t.ranking.band),
+            }
+        )
     return out
 
 
@@ -426,10 +505,14 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
     r = t.result
     scores = t.ranking.scores if top is None else t.ranking.scores[:top]
     ranked = [
-        {"rank": n, "score": round(s.value, 3), "at_concurrency": s.at.concurrency, **_candidate_payload(s.candidate,
-                                                                                                        r.isl, r.osl)}
+        {
+            "rank": n,
+            "score": round(s.value, 3),
+            "at_concurrency": s.at.concurrency,
+            **_candidate_payload(s.candidate, r.isl, r.osl),
+        }
         for n, s in enumerate(scores, start=1)
-    ]  # fmt: skip
+    ]
     ex = t.explanation
     return {
         "model": r.model.name,
@@ -455,7 +538,7 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
                 ],
             }
             for f in (ex.families if ex else ())
-        ],  # fmt: skip
+        ],
         "winner_bound": ex.bound if ex else None,
         "winner_breakdown_ms": {k: round(v * 1e3, 3) for k, v in ex.breakdown_s.items()} if ex else None,
         "ceiling": None
@@ -465,7 +548,7 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
             "batch": t.ceiling.batch,
             "bound": t.ceiling.bound,
             "step_ms": round(t.ceiling.step_s * 1e3, 3),
-        },  # fmt: skip
+        },
         "winners_by_concurrency": [
             {
                 "concurrency": w.concurrency,
@@ -473,7 +556,7 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
                 "output_tok_s": round(w.prediction.output_tok_s, 2),
             }
             for w in t.winners
-        ],  # fmt: skip
+        ],
         "pareto": [
             {
                 "setup": q.candidate.name,
@@ -482,7 +565,7 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
                 "per_user_tok_s": round(q.per_user_tok_s, 2),
             }
             for q in t.frontier
-        ],  # fmt: skip
+        ],
         "what_ifs": [
             {"label": w.label, "setup": w.setup, "output_tok_s": w.output_tok_s, "gain": w.gain, "note": w.note}
             for w in t.what_ifs
@@ -497,7 +580,7 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
                 "hand_tried": e.hand_tried,
             }
             for e in r.excluded
-        ],  # fmt: skip
+        ],
         "verify": [list(cmd) for cmd in t.verify],
         "would_fit": list(t.would_fit),
         "benchmark": _benchmark_payload(t),
@@ -518,33 +601,86 @@ def theory_markdown(t: Theory, *, top: int) -> str:
     out = [f"# shardwise theory: {headline(t)}", "", *[f"- {line}" for line in narrative(t)], ""]
     if t.ranking.scores:
         shown = distinct_layouts(t)
-        out += ["## Ranking", "", f"The top {min(top, len(shown))} of {len(shown)} layouts that start, each at its "
-                f"best options ({len(t.ranking.scores)} setups).", "", _md_table(
-            ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
-            [[str(n), s.candidate.name, f"{s.at.output_tok_s:,.0f}", str(s.at.concurrency),
-              f"{s.at.output_tok_s / s.candidate.gpus:,.0f}", f"{s.at.per_user_tok_s:,.1f}", s.at.bound]
-             for n, s in enumerate(shown[:top], start=1)]), ""]  # fmt: skip
-        out += ["## The best setup at each concurrency", "", _md_table(
-            ["C", "setup", "tok/s", "tok/s per user"],
-            [[str(w.concurrency), w.candidate.name, f"{w.prediction.output_tok_s:,.0f}",
-              f"{w.prediction.per_user_tok_s:,.1f}"] for w in t.winners]), ""]  # fmt: skip
+        out += [
+            "## Ranking",
+            "",
+            f"The top {min(top, len(shown))} of {len(shown)} layouts that start, each at its "
+            f"best options ({len(t.ranking.scores)} setups).",
+            "",
+            _md_table(
+                ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
+                [
+                    [
+                        str(n),
+                        s.candidate.name,
+                        f"{s.at.output_tok_s:,.0f}",
+                        str(s.at.concurrency),
+                        f"{s.at.output_tok_s / s.candidate.gpus:,.0f}",
+                        f"{s.at.per_user_tok_s:,.1f}",
+                        s.at.bound,
+                    ]
+                    for n, s in enumerate(shown[:top], start=1)
+                ],
+            ),
+            "",
+        ]
+        out += [
+            "## The best setup at each concurrency",
+            "",
+            _md_table(
+                ["C", "setup", "tok/s", "tok/s per user"],
+                [
+                    [
+                        str(w.concurrency),
+                        w.candidate.name,
+                        f"{w.prediction.output_tok_s:,.0f}",
+                        f"{w.prediction.per_user_tok_s:,.1f}",
+                    ]
+                    for w in t.winners
+                ],
+            ),
+            "",
+        ]
     families = family_lines(t)
     if families:
         out += ["## Why the others lose", "", *[f"- {line}" for line in families], ""]
     if t.benchmark is not None:
-        out += [f"## Simulated as the benchmark sends it ({_workload_text(t)})", "", _md_table(
-            ["#", "setup", "screen #", "load", "tok/s", "TPOT ms", "TTFT s", "running"], _benchmark_rows(t)), "",
-            *[f"- {line}" for line in benchmark_lines(t)], ""]  # fmt: skip
+        out += [
+            f"## Simulated as the benchmark sends it ({_workload_text(t)})",
+            "",
+            _md_table(["#", "setup", "screen #", "load", "tok/s", "TPOT ms", "TTFT s", "running"], _benchmark_rows(t)),
+            "",
+            *[f"- {line}" for line in benchmark_lines(t)],
+            "",
+        ]
     if t.what_ifs:
-        out += ["## What would change it", "", _md_table(
-            ["what if", "tok/s", "gain", "how"],
-            [[w.label, "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
-              "—" if w.gain is None else f"{w.gain:.2f}×", (w.setup + ": " if w.setup else "") + w.note]
-             for w in t.what_ifs]), ""]  # fmt: skip
-    out += [f"## Excluded ({_excluded_counts(t) or 'nothing'})", "", _md_table(
-        ["command", "verdict", "why"], [[f"`{_short(c)}`", v, w] for c, v, w in _excluded_rows(t)]), ""]  # fmt: skip
+        out += [
+            "## What would change it",
+            "",
+            _md_table(
+                ["what if", "tok/s", "gain", "how"],
+                [
+                    [
+                        w.label,
+                        "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
+                        "—" if w.gain is None else f"{w.gain:.2f}×",
+                        (w.setup + ": " if w.setup else "") + w.note,
+                    ]
+                    for w in t.what_ifs
+                ],
+            ),
+            "",
+        ]
+    out += [
+        f"## Excluded ({_excluded_counts(t) or 'nothing'})",
+        "",
+        _md_table(["command", "verdict", "why"], [[f"`{_short(c)}`", v, w] for c, v, w in _excluded_rows(t)]),
+        "",
+    ]
     if t.verify:
         out += ["## Start it and check it", "", "```sh", *t.verify_lines(), "```", ""]
-    out.append(f"Parts of a token's time: {', '.join(f'{k} = {PART_NAMES[k]}' for k in PART_LABELS)}. "
-               f"{len(r.candidates)} setups predicted.")  # fmt: skip
+    out.append(
+        f"Parts of a token's time: {', '.join(f'{k} = {PART_NAMES[k]}' for k in PART_LABELS)}. "
+        f"{len(r.candidates)} setups predicted."
+    )
     return "\n".join(out) + "\n"

@@ -22,8 +22,10 @@ def _num(value: float | None, digits: int = 1) -> str:
 def _ranks_line(ranks: RankAgreement) -> str:
     if not ranks.pairs:
         return "rank agreement: no workload was measured on two setups"
-    return (f"rank agreement: {ranks.concordant} of {ranks.pairs} pairs of setups ({ranks.fraction:.0%}) ordered as "
-            f"measured, over {ranks.groups} workloads measured on two setups or more")  # fmt: skip
+    return (
+        f"rank agreement: {ranks.concordant} of {ranks.pairs} pairs of setups ({ranks.fraction:.0%}) ordered as "
+        f"measured, over {ranks.groups} workloads measured on two setups or more"
+    )
 
 
 LABELS = {"output_tok_s": "tok/s", "tpot_ms": "TPOT", "ttft_ms": "TTFT"}
@@ -68,24 +70,46 @@ def gap_lines(checked: list[Checked], gaps: Gaps) -> list[Text]:
     return lines
 
 
-def validation_view(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement,
-                    gaps: Gaps | None = None) -> Group:  # fmt: skip
+def validation_view(
+    checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement, gaps: Gaps | None = None
+) -> Group:
     table = Table(
         title="measurements against predictions, each run simulated as its benchmark sent it; * = speculative decoding"
     )
-    for name in ("id", "model", "GPUs", "layout", "load", "tok/s meas", "pred", "err", "TPOT meas", "pred", "err",
-                 "TTFT s", "err", "tables"):  # fmt: skip
+    for name in (
+        "id",
+        "model",
+        "GPUs",
+        "layout",
+        "load",
+        "tok/s meas",
+        "pred",
+        "err",
+        "TPOT meas",
+        "pred",
+        "err",
+        "TTFT s",
+        "err",
+        "tables",
+    ):
         table.add_column(name, justify="left" if name in ("id", "model", "GPUs", "layout") else "right")
     for c in checked:
         table.add_row(
-            c.row.id + ("*" if c.row.accept_length else ""), c.row.model, c.row.gpus, c.layout or c.problem or "",
+            c.row.id + ("*" if c.row.accept_length else ""),
+            c.row.model,
+            c.row.gpus,
+            c.layout or c.problem or "",
             c.row.load_text() + (f" {c.row.dataset}" if c.row.dataset else ""),
-            _num(c.row.output_tok_s), _num(c.value("output_tok_s")),
+            _num(c.row.output_tok_s),
+            _num(c.value("output_tok_s")),
             _err(c, "output_tok_s"),
-            _num(c.row.tpot_ms), _num(c.value("tpot_ms")), _err(c, "tpot_ms"),
-            _num(c.row.ttft_ms / 1e3 if c.row.ttft_ms else None, 2), _err(c, "ttft_ms"),
+            _num(c.row.tpot_ms),
+            _num(c.value("tpot_ms")),
+            _err(c, "tpot_ms"),
+            _num(c.row.ttft_ms / 1e3 if c.row.ttft_ms else None, 2),
+            _err(c, "ttft_ms"),
             "—" if c.coverage is None else f"{c.coverage['measured_share']:.0%}",
-        )  # fmt: skip
+        )
     table.caption = (
         "tables = share of a decode step at the run's mean batch priced from measured kernel tables; "
         "! = beyond the stated accuracy (the plain or speculative median below)"
@@ -119,8 +143,9 @@ def _workload_payload(c: Checked) -> dict[str, Any]:
     }
 
 
-def validation_payload(checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement,
-                       gaps: Gaps | None = None) -> dict[str, Any]:  # fmt: skip
+def validation_payload(
+    checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement, gaps: Gaps | None = None
+) -> dict[str, Any]:
     return {
         "rows": [
             {
@@ -163,16 +188,26 @@ def calibration_view(payload: dict[str, Any]) -> Group:
     table.add_column("value", justify="right")
     for name, value in payload["constants"].items():
         table.add_row(name, f"{value:.4g}")
-    lines = [Text(f"fitted measurements: error {payload['fitted_error_before']:.3f} before, "
-                  f"{payload['fitted_error_after']:.3f} after")]  # fmt: skip
+    lines = [
+        Text(
+            f"fitted measurements: error {payload['fitted_error_before']:.3f} before, "
+            f"{payload['fitted_error_after']:.3f} after"
+        )
+    ]
     if payload["held_out"]:
-        lines.append(Text(
-            f"held out ({', '.join(payload['held_out'])}): error {payload['held_out_error_before']:.3f} before, "
-            f"{payload['held_out_error_after']:.3f} after"
-        ))  # fmt: skip
+        lines.append(
+            Text(
+                f"held out ({', '.join(payload['held_out'])}): error {payload['held_out_error_before']:.3f} before, "
+                f"{payload['held_out_error_after']:.3f} after"
+            )
+        )
     if payload["at_bounds"]:
-        lines.append(Text(f"at the edge of their plausible range (the data pushes further; suspect the model or the "
-                          f"measurement): {', '.join(payload['at_bounds'])}"))  # fmt: skip
+        lines.append(
+            Text(
+                f"at the edge of their plausible range (the data pushes further; suspect the model or the "
+                f"measurement): {', '.join(payload['at_bounds'])}"
+            )
+        )
     lines.append(Text(f"profile written to {payload['profile']}; use it with --profile"))
     return Group(table, *lines)
 
@@ -183,11 +218,16 @@ def memory_fit_view(payload: dict[str, Any]) -> Group:
     default = payload["default_non_torch_bytes"] / 2**30
     kv = payload["kv_tokens"]
     lines = [
-        Text(f"{payload['fitted_on'][0]}: {value:.2f} GiB per GPU besides weights, KV cache, activations and "
-             f"graphs (the default assumes {default:.2f} GiB)"),
-        Text(f"KV cache tokens per pool: logged {kv['logged']:,}, predicted {kv['default']:,} before and "
-             f"{kv['calibrated']:,} after" if kv["logged"] is not None else
-             f"KV cache tokens per pool: predicted {kv['default']:,} before, {kv['calibrated']:,} after"),
+        Text(
+            f"{payload['fitted_on'][0]}: {value:.2f} GiB per GPU besides weights, KV cache, activations and "
+            f"graphs (the default assumes {default:.2f} GiB)"
+        ),
+        Text(
+            f"KV cache tokens per pool: logged {kv['logged']:,}, predicted {kv['default']:,} before and "
+            f"{kv['calibrated']:,} after"
+            if kv["logged"] is not None
+            else f"KV cache tokens per pool: predicted {kv['default']:,} before, {kv['calibrated']:,} after"
+        ),
         Text(f"profile written to {payload['profile']}; use it with --profile"),
-    ]  # fmt: skip
+    ]
     return Group(*lines)

@@ -131,8 +131,15 @@ def _every(requests: Requests, n: int) -> Requests:
 class _Run:
     """The state of one simulation run."""
 
-    def __init__(self, sim: Simulation, reqs: Requests, clients: int | None, progress: Callable[[int], None] | None,
-                 *, decode_only: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        sim: Simulation,
+        reqs: Requests,
+        clients: int | None,
+        progress: Callable[[int], None] | None,
+        *,
+        decode_only: bool = False,
+    ):
         self.sim, self.progress, self.decode_only = sim, progress, decode_only
         n = len(reqs)
         self.isl, self.osl = reqs.input_tokens, reqs.output_tokens.astype(float)

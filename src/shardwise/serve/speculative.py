@@ -46,8 +46,12 @@ def spec_plan(spec: SpecDecode, *, block_size: int | None = None) -> SpecPlan:
         block = spec.num_draft_tokens or block_size
         if not block:
             raise SpecError(f"{name} drafting needs its block size: give --speculative-dflash-block-size")
-        return SpecPlan(algorithm=name, passes=(DraftPass(tokens_per_request=block, count=1),), verify_tokens=block,
-                        drafted=block - 1)  # fmt: skip
+        return SpecPlan(
+            algorithm=name,
+            passes=(DraftPass(tokens_per_request=block, count=1),),
+            verify_tokens=block,
+            drafted=block - 1,
+        )
     if spec.kind == "lookup":
         drafted = spec.num_draft_tokens or 0
         if drafted < 1:

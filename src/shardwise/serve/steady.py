@@ -114,8 +114,9 @@ class Predictor:
             raise ValueError(f"no request of {isl} + {osl} tokens fits: memory verdict {self.memory.verdict}")
         return cap
 
-    def _predict(self, concurrency: int, cap: int, isl: int, osl: int, *, decode_only: bool,
-                 with_step: bool) -> Prediction:  # fmt: skip
+    def _predict(
+        self, concurrency: int, cap: int, isl: int, osl: int, *, decode_only: bool, with_step: bool
+    ) -> Prediction:
         running, queued = min(concurrency, cap), concurrency > cap
         # all but the end-to-end time follows from the requests running and whether others queue (every load beyond
         # the KV pool runs as many): worked out once for them
@@ -127,15 +128,23 @@ class Predictor:
         e2e = concurrency * osl / throughput
         ttft = max(first, e2e - (osl - 1) * tpot)
         return Prediction(
-            concurrency=concurrency, running=running, output_tok_s=throughput, per_user_tok_s=1.0 / tpot,
-            tpot_s=tpot, ttft_s=ttft, bound="kv_capacity" if queued else bound,
+            concurrency=concurrency,
+            running=running,
+            output_tok_s=throughput,
+            per_user_tok_s=1.0 / tpot,
+            tpot_s=tpot,
+            ttft_s=ttft,
+            bound="kv_capacity" if queued else bound,
             decode=self.steps.decode(running, isl + osl // 2).step if with_step else None,
-            cycle_s=cycle, prefill_per_token_s=breakdown["prefill"], breakdown_s=dict(breakdown),
+            cycle_s=cycle,
+            prefill_per_token_s=breakdown["prefill"],
+            breakdown_s=dict(breakdown),
             tokens_per_step=tokens,
-        )  # fmt: skip
+        )
 
-    def _running(self, running: int, isl: int, osl: int, *, queued: bool,
-                 decode_only: bool) -> tuple[float, float, float, dict[str, float], str, float, float]:  # fmt: skip
+    def _running(
+        self, running: int, isl: int, osl: int, *, queued: bool, decode_only: bool
+    ) -> tuple[float, float, float, dict[str, float], str, float, float]:
         """(output tok/s, TPOT, the least TTFT, the parts of a token's time, the largest, the cycle per token, tokens
         per step) with `running` requests running, and others queued or not."""
         cycle_s, parts = self.steps.cycle(running, isl + osl // 2)

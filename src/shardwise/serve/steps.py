@@ -97,10 +97,20 @@ class StepTimes:
         made = self._decode.get(key)
         if made is None:
             cycle_s, parts = self.cycle(running, context)
-            step = self.target.step(phase=Phase.DECODE, requests=self._micro_requests(running),
-                                    new_tokens=self._verify, context_tokens=context)  # fmt: skip
-            made = self._decode[key] = DecodeCycle(running=running, context_tokens=context, cycle_s=cycle_s,
-                                                   tokens=self.tokens, step=step, parts_s=dict(parts))  # fmt: skip
+            step = self.target.step(
+                phase=Phase.DECODE,
+                requests=self._micro_requests(running),
+                new_tokens=self._verify,
+                context_tokens=context,
+            )
+            made = self._decode[key] = DecodeCycle(
+                running=running,
+                context_tokens=context,
+                cycle_s=cycle_s,
+                tokens=self.tokens,
+                step=step,
+                parts_s=dict(parts),
+            )
         return made
 
     def cycle(self, running: int, context: int) -> tuple[float, dict[str, float]]:
@@ -127,8 +137,9 @@ class StepTimes:
 
     def _cycle(self, running: int, context: int) -> tuple[float, dict[str, float]]:
         micro = min(self.layout.pp, running)
-        name, figures = self.target.named_figures(phase=Phase.DECODE, requests=self._micro_requests(running),
-                                                  new_tokens=self._verify, context_tokens=context)  # fmt: skip
+        name, figures = self.target.named_figures(
+            phase=Phase.DECODE, requests=self._micro_requests(running), new_tokens=self._verify, context_tokens=context
+        )
         # the target's part follows from its step's figures and the micro-batches alone: shared by the layouts that
         # share the figures (a search's CUDA-graph twins, where neither graphs the step)
         made = self._shared_cycles.get((name, micro))
@@ -138,11 +149,14 @@ class StepTimes:
             return made
         cycle, parts = made[0], dict(made[1])
         parts["draft"] = sum(
-            p.count * time_s(self.draft.figures(
-                phase=Phase.DECODE, requests=running, new_tokens=p.tokens_per_request, context_tokens=context
-            ))
+            p.count
+            * time_s(
+                self.draft.figures(
+                    phase=Phase.DECODE, requests=running, new_tokens=p.tokens_per_request, context_tokens=context
+                )
+            )
             for p in self.plan.passes
-        )  # fmt: skip
+        )
         return cycle + parts["draft"], parts
 
     def _through(self, figures: Figures, micro: int) -> tuple[float, dict[str, float]]:
