@@ -9,8 +9,8 @@ import pytest
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.ceiling import ceiling
 from shardwise.decide.rank import Objective, flag_gains, knee, option_gains, pareto, rank, winners_by_concurrency
-from shardwise.decide.search import no_cycle_collection, search
-from shardwise.decide.theory import theorise, would_fit
+from shardwise.decide.search import search
+from shardwise.decide.theory import no_cycle_collection, theorise, would_fit
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
 from shardwise.spec.catalog import load_model
@@ -270,9 +270,9 @@ def test_what_a_search_lets_go_comes_back_as_it_was_priced(user_case):
 
 
 def test_a_search_makes_no_reference_cycles():
-    """A search pauses Python's cycle collector (`no_cycle_collection`): it must then free all it lets go by reference
-    counts alone. A second search of both engines (the first loads the tables) leaves nothing for the collector;
-    a step that held its cost model, say, would leave a cycle for every step priced."""
+    """`theorise` pauses Python's cycle collector while it searches (`no_cycle_collection`): a search must then free
+    all it lets go by reference counts alone. A second search of both engines (the first loads the tables) leaves
+    nothing for the collector; a step that held its cost model, say, would leave a cycle for every step priced."""
     model, cluster = load_model("kimi-k2.6"), load_cluster("8xrtx-pro-6000")
 
     def searched() -> int:

@@ -36,7 +36,6 @@ from shardwise.cli.app import (
 )
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.rank import Objective
-from shardwise.decide.search import no_cycle_collection
 from shardwise.decide.theory import SCREEN_LEVELS
 from shardwise.decide.theory import theorise as run_theorise
 from shardwise.engines.base import engine_names, get_engine
@@ -245,33 +244,32 @@ def theorise(
             isl, osl = (round(mean) for mean in workloads[0].mean_lengths)
     cluster_spec = with_profile(load_cluster(gpus), profile)
     spec = load_model(model)
-    with no_cycle_collection():  # the search and its report make no reference cycles: none to walk for
-        with report_simulation.progress_bar(1, label="predicting setups") as update:
-            theory = run_theorise(
-                spec,
-                cluster_spec,
-                model_ref=model,
-                engines=engines,
-                isl=isl,
-                osl=osl,
-                concurrency=levels,
-                objective=goal,
-                tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
-                ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None,
-                accept_length=accept_length,
-                version=engine_version,
-                workloads=workloads,
-                lengths=lengths,
-                range_ratio=range_ratio,
-                progress=lambda done, total: update("predicting setups", done / total),
-            )
-        if markdown is not None:
-            report_files.write_text(markdown, report_theory.theory_markdown(theory, top=top))
-        if html is not None:
-            from shardwise.report.html import theory_html  # imported here: matplotlib takes a while to import
+    with report_simulation.progress_bar(1, label="predicting setups") as update:
+        theory = run_theorise(
+            spec,
+            cluster_spec,
+            model_ref=model,
+            engines=engines,
+            isl=isl,
+            osl=osl,
+            concurrency=levels,
+            objective=goal,
+            tpot_s=tpot_ms / 1e3 if tpot_ms is not None else None,
+            ttft_s=ttft_ms / 1e3 if ttft_ms is not None else None,
+            accept_length=accept_length,
+            version=engine_version,
+            workloads=workloads,
+            lengths=lengths,
+            range_ratio=range_ratio,
+            progress=lambda done, total: update("predicting setups", done / total),
+        )
+    if markdown is not None:
+        report_files.write_text(markdown, report_theory.theory_markdown(theory, top=top))
+    if html is not None:
+        from shardwise.report.html import theory_html  # imported here: matplotlib takes a while to import
 
-            report_files.write_text(html, theory_html(theory, top=top))
-        if json:
-            typer.echo(report_json.dumps(report_theory.theory_payload(theory, top=top)))
-        else:
-            report_table.print_renderable(report_theory.theory_view(theory, top=top))
+        report_files.write_text(html, theory_html(theory, top=top))
+    if json:
+        typer.echo(report_json.dumps(report_theory.theory_payload(theory, top=top)))
+    else:
+        report_table.print_renderable(report_theory.theory_view(theory, top=top))

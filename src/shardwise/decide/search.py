@@ -15,11 +15,9 @@ KV room) or cannot hold one request of the workload; every setup that starts is 
 
 from __future__ import annotations
 
-import gc
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import combinations
@@ -443,25 +441,6 @@ def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[Variant, d
     return out
 
 
-@contextmanager
-def no_cycle_collection() -> Iterator[None]:
-    """Python's cycle collector paused inside: a search makes millions of small objects, all freed by their reference
-    counts (it makes no reference cycles: a test checks), and the collector would walk the thousands of setups it
-    holds again and again (a quarter of a large search's time). Resumed on the way out, if it was running, with what
-    was made inside counted as old (frozen and thawed into the oldest generation: walked young, all of it would be
-    walked at once on the next allocation; as old, with the next full collection)."""
-    running = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if running:
-            if not gc.get_freeze_count():  # (a process that froze objects of its own keeps them frozen)
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
-
-
 def search(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -479,13 +458,12 @@ def search(
     `progress(done, total)` is called as setups are considered. With `saturate`, the concurrency levels go on
     doubling past the last one given until every setup's KV pool binds."""
     state = _Search(model, model_ref, cluster, isl=isl, osl=osl, concurrency=concurrency)
-    with no_cycle_collection():
-        plan = [item for name in engines for item in state.plan(name, version if len(engines) == 1 else None)]
-        for n, (engine, given, v, tried) in enumerate(plan, start=1):
-            state.consider(engine, given, v, hand_tried=tried)
-            if progress:
-                progress(n, len(plan))
-        state.predict(saturate=saturate)
+    plan = [item for name in engines for item in state.plan(name, version if len(engines) == 1 else None)]
+    for n, (engine, given, v, tried) in enumerate(plan, start=1):
+        state.consider(engine, given, v, hand_tried=tried)
+        if progress:
+            progress(n, len(plan))
+    state.predict(saturate=saturate)
     return SearchResult(
         model=model,
         model_ref=model_ref,

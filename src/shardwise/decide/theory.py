@@ -5,8 +5,10 @@ When nothing fits, what would: how many such GPUs, or which smaller weight forma
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from shardwise.decide.benchmark import BenchmarkRanking, simulate_best
@@ -22,7 +24,7 @@ from shardwise.decide.rank import (
     rank,
     winners_by_concurrency,
 )
-from shardwise.decide.search import Candidate, SearchResult, no_cycle_collection, search
+from shardwise.decide.search import Candidate, SearchResult, search
 from shardwise.decide.whatif import WhatIf, what_ifs
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import model_reference
@@ -67,6 +69,26 @@ class Theory:
                 )
             lines.append(command_text(list(cmd)))
         return lines
+
+
+@contextmanager
+def no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused inside (the one place shardwise pauses it: `theorise`, which every command
+    that searches goes through). A search makes millions of small objects, all freed by their reference
+    counts (it makes no reference cycles: a test checks), and the collector would walk the thousands of setups it
+    holds again and again (a quarter of a large search's time). Resumed on the way out, if it was running, with what
+    was made inside counted as old (frozen and thawed into the oldest generation: walked young, all of it would be
+    walked at once on the next allocation; as old, with the next full collection)."""
+    running = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if running:
+            if not gc.get_freeze_count():  # (a process that froze objects of its own keeps them frozen)
+                gc.freeze()
+                gc.unfreeze()
+            gc.enable()
 
 
 def theorise(
