@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from operator import attrgetter
+from typing import NamedTuple
 
 from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
@@ -71,7 +72,7 @@ class StepCost:
     requests: int
     new_tokens: int
     context_tokens: int
-    figures: Figures  # per stage: GPU, host, time, PARTS
+    figures: Figures  # per stage
     listing: Callable[[], tuple[tuple[int, int, _Piece], ...]] = field(repr=False, compare=False)
     release: str = ""  # the engine release modelled
 
@@ -85,8 +86,14 @@ class StepCost:
     def stages(self) -> tuple[StageCost, ...]:
         """Each stage's cost (made when asked: a search reads only the step's times)."""
         return tuple(
-            StageCost(stage=i, gpu_s=gpu, host_s=host, time_s=time, parts_s=dict(zip(PARTS, parts, strict=True)))
-            for i, (gpu, host, time, parts) in enumerate(self.figures)
+            StageCost(
+                stage=i,
+                gpu_s=f.gpu_s,
+                host_s=f.host_s,
+                time_s=f.time_s,
+                parts_s=dict(zip(PARTS, f.parts_s, strict=True)),
+            )
+            for i, f in enumerate(self.figures)
         )
 
     @property
@@ -136,23 +143,48 @@ class StepCost:
         return dict(out)
 
 
-Figures = tuple[tuple[float, float, float, tuple[float, ...]], ...]  # per stage: GPU, host, time, PARTS
+class PieceSums(NamedTuple):
+    """A piece's ops (or a stage's pieces) summed as a stage adds them up (`_added`): every figure is linear in how
+    often the piece runs."""
+
+    compute_s: float  # GPU time of compute-bound ops, launches apart
+    memory_s: float  # GPU time of memory-bound ops, launches apart
+    launch_s: float  # the GPU's share of kernel launches
+    comm_s: float  # collectives on the critical path
+    hidden_comm_s: float  # collectives two-batch overlap hides behind the other half's compute
+    kernels: float  # kernels launched (the host's work when it launches each)
+
+
+NO_SUMS = PieceSums(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class StageFigures(NamedTuple):
+    """One stage of a step: its GPU's time, its host's, the stage's time (the longer, as the scheduler overlaps them)
+    and that time's parts in PARTS order."""
+
+    gpu_s: float
+    host_s: float
+    time_s: float
+    parts_s: tuple[float, float, float, float, float]
+
+
+Figures = tuple[StageFigures, ...]  # per stage
 
 
 def time_s(figures: Figures) -> float:
     """A step's time from its stages' figures (`StepCost.figures`): through every stage."""
-    return sum(f[2] for f in figures)
+    return sum(f.time_s for f in figures)
 
 
 def longest_stage_s(figures: Figures) -> float:
-    return max(f[2] for f in figures)
+    return max(f.time_s for f in figures)
 
 
 def parts_s(figures: Figures) -> dict[str, float]:
     """compute / memory / comm / launch / host seconds over all stages: they sum to `time_s`."""
     compute = memory = comm = launch = host = 0.0  # added stage by stage, left to right (`sum` compensates from 3.12)
     for f in figures:
-        c, m, k, la, h = f[3]  # in PARTS order
+        c, m, k, la, h = f.parts_s  # in PARTS order
         compute += c
         memory += m
         comm += k
@@ -258,7 +290,7 @@ class StepCostModel:
         from those ops, the cluster and the name alone."""
         return self._costs.setdefault(("remembered", *name), {})
 
-    def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> dict[int, tuple[float, ...]]:
+    def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> dict[int, PieceSums]:
         """The sums of each class of stages (`StepModel.stage_classes`), by its first stage: `_Piece.sums` times as
         often as each piece runs, in its pieces' order (each piece priced once)."""
         firsts = self.step_model.class_firsts(phase)
@@ -267,8 +299,8 @@ class StepCostModel:
         )
         price = self._pricer.piece
         pieces = [price(key).sums for key in keys]
-        sums = dict.fromkeys(firsts, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
-        for stage, count, slot in shape:
+        sums: dict[int, tuple[float, ...]] = dict.fromkeys(firsts, NO_SUMS)
+        for stage, count, slot in shape:  # field by field, as PieceSums orders them
             a, b, c, d, e, f = sums[stage]
             pa, pb, pc, pd, pe, pf = pieces[slot]
             sums[stage] = (
@@ -279,10 +311,10 @@ class StepCostModel:
                 e + count * pe,
                 f + count * pf,
             )
-        return sums
+        return {stage: PieceSums(*added) for stage, added in sums.items()}
 
-    def _stage(self, sums: tuple[float, ...], graphed: bool, per_request: float = 0.0) -> tuple:
-        """One stage's (GPU, host, time, parts in PARTS order) from the sums of its ops (`_Piece.sums`): its GPU work,
+    def _stage(self, sums: PieceSums, graphed: bool, per_request: float = 0.0) -> StageFigures:
+        """One stage's figures from the sums of its pieces (`_Piece.sums`): its GPU work,
         and the host's where it is longer. `per_request` is the scheduler's work for the running requests: beside
         the launches when the scheduler overlaps the GPU, after them otherwise."""
         compute, memory, launch, comm, hidden_comm, kernels = sums
@@ -294,7 +326,7 @@ class StepCostModel:
             waiting = max(0.0, host - gpu)
         else:  # a scheduler that does not overlap adds its time to every stage
             waiting = max(0.0, host - gpu) + self._scheduler_s + per_request
-        return gpu, host, gpu + waiting, (compute, memory, comm, launch, waiting)
+        return StageFigures(gpu, host, gpu + waiting, (compute, memory, comm, launch, waiting))
 
 
 class _Pricer:
@@ -347,7 +379,7 @@ class _Pricer:
         gemms = self._op_costs.get(shared)
         if gemms is None:
             costs = tuple(self._keyed_cost(k) for k in layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens))
-            gemms = self._op_costs[shared] = (costs, _added(costs, (0.0,) * 6))
+            gemms = self._op_costs[shared] = (costs, _added(costs, NO_SUMS))
         costs, keyed = self._op_costs, self._keyed_cost
         others = layer_other_keys(inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context)
         rest = tuple(costs.get(k) or keyed(k) for k in others)
@@ -383,7 +415,7 @@ class _Pricer:
             kernels += count
         # listed when asked, from the key alone: the piece is shared by every layout on the cluster
         return _Piece(
-            sums=(0.0, 0.0, 0.0, comm, hidden, kernels),
+            sums=PieceSums(0.0, 0.0, 0.0, comm, hidden, kernels),
             costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)),
         )
 
@@ -399,12 +431,12 @@ class _Piece:
     def __init__(
         self,
         costs: tuple[OpCost, ...] | Callable[[], tuple[OpCost, ...]],
-        sums: tuple[float, ...] | None = None,
+        sums: PieceSums | None = None,
     ) -> None:
         self._costs = costs
         if sums is None:
             assert isinstance(costs, tuple)
-            sums = _added(costs, (0.0,) * 6)
+            sums = _added(costs, NO_SUMS)
         self.sums = sums
 
     @property
@@ -414,16 +446,19 @@ class _Piece:
         return self._costs
 
 
-def _added(costs: tuple[OpCost, ...], start: tuple[float, ...]) -> tuple[float, ...]:
-    """`start` (a piece's six sums, `_Piece.sums`) with the ops' costs added, one by one in their order."""
-    acc = list(start)
+def _added(costs: tuple[OpCost, ...], start: PieceSums) -> PieceSums:
+    """`start` with the ops' costs added, one by one in their order."""
+    compute, memory, launch, comm, hidden_comm, kernels = start
     for c in costs:
-        acc[5] += c.kernels
+        kernels += c.kernels
         if c.hidden:
-            acc[4] += c.comm_s
+            hidden_comm += c.comm_s
         elif c.op_class is OpClass.COMM:
-            acc[3] += c.comm_s
+            comm += c.comm_s
         else:
-            acc[2] += c.launch_s
-            acc[0 if c.compute_s > c.memory_s else 1] += c.time_s - c.launch_s
-    return tuple(acc)
+            launch += c.launch_s
+            if c.compute_s > c.memory_s:
+                compute += c.time_s - c.launch_s
+            else:
+                memory += c.time_s - c.launch_s
+    return PieceSums(compute, memory, launch, comm, hidden_comm, kernels)

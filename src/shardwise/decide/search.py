@@ -36,6 +36,16 @@ from shardwise.spec.model import ModelSpec
 
 
 @dataclass(frozen=True)
+class SearchCase:
+    """What a search predicts for: the model, the cluster and the requests' lengths."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    isl: int
+    osl: int
+
+
+@dataclass(frozen=True)
 class Variant:
     """The options a setup sets beyond its layout, as data: the engine's declared option variants it turns on, by
     their names ("CUDA graphs off", "FP8 KV cache"), the context it lowers to and the memory fraction it raises to.
@@ -78,15 +88,14 @@ class Candidate:
     predictions: tuple[Prediction, ...]
     model_ref: str  # the model as the commands name it
     remote_code: bool = False  # the commands pass --trust-remote-code
-    priced_by: tuple[ModelSpec, ClusterSpec, int, int] | None = field(default=None, repr=False, compare=False)
-    # (model, cluster, isl, osl) of the search: what `priced` needs to price its steps again
+    priced_by: SearchCase | None = field(default=None, repr=False, compare=False)  # what `priced` prices again
 
     @cached_property
     def setup(self) -> Setup:
         """The engine's setup of its command (a search keeps none of its thousands; a report asks for a few, set up
         again from the options its command gives)."""
         assert self.priced_by is not None, "a candidate without its setup is set up for its search's model"
-        model, cluster, *_ = self.priced_by
+        model, cluster = self.priced_by.model, self.priced_by.cluster
         engine = get_engine(self.engine)
         return engine.setup(dict(self.given), model=model, cluster=cluster, version=engine.version(self.version))
 
@@ -95,8 +104,7 @@ class Candidate:
         """How each GPU's memory is used (a search keeps the ledgers of none of its thousands of setups; a report
         asks for a few, sized again as the search sized them)."""
         assert self.priced_by is not None, "a candidate without its ledger is sized from its search's model"
-        model, cluster, *_ = self.priced_by
-        return memory_ledger(model, self.layout, cluster)
+        return memory_ledger(self.priced_by.model, self.layout, self.priced_by.cluster)
 
     @cached_property
     def launch(self) -> tuple[str, ...]:
@@ -146,8 +154,8 @@ class Candidate:
         levels = [p.concurrency for p in self.predictions] if concurrencies is None else list(concurrencies)
         if self.priced_by is None or all(p.decode is not None for p in self.predictions):
             return tuple(self.at(c) for c in levels)
-        model, cluster, isl, osl = self.priced_by
-        return tuple(Predictor(model, self.layout, cluster, self.memory).sweep(levels, isl=isl, osl=osl))
+        w = self.priced_by
+        return tuple(Predictor(w.model, self.layout, w.cluster, self.memory).sweep(levels, isl=w.isl, osl=w.osl))
 
     def step_at(self, concurrency: int) -> StepCost:
         """The decode step at one of its concurrencies, with its ops."""
@@ -199,6 +207,7 @@ class _Search:
     ) -> None:
         self.model, self.model_ref, self.cluster = model, model_ref, cluster
         self.isl, self.osl, self.concurrency = isl, osl, tuple(concurrency)
+        self.case = SearchCase(model=model, cluster=cluster, isl=isl, osl=osl)
         self.candidates: list[Candidate] = []
         self.pending: list[tuple[Engine, Setup, MemoryLedger, Variant]] = []
         self.excluded: dict[str, Excluded] = {}
@@ -364,7 +373,7 @@ class _Search:
                     predictions=predictions,
                     model_ref=ref,
                     remote_code=self.model.remote_code,
-                    priced_by=(self.model, self.cluster, self.isl, self.osl),
+                    priced_by=self.case,
                 )
             )
         self.pending = []

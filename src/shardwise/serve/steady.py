@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from shardwise.cost.memory import MemoryLedger
 from shardwise.cost.step import StepCost
@@ -58,6 +59,18 @@ class Prediction:
     prefill_per_token_s: float  # other requests' prefill time between two of one request's tokens
     breakdown_s: dict[str, float] = field(default_factory=dict)  # parts of one token's time: sums to tpot_s
     tokens_per_step: float = 1.0  # tokens each request gains per decode step (the mean accepted length)
+
+
+class _Running(NamedTuple):
+    """What follows from the requests running (and whether others queue): every load beyond the KV pool shares it."""
+
+    output_tok_s: float
+    tpot_s: float
+    least_ttft_s: float  # a request's own prefill: its TTFT when it waits for no other
+    breakdown_s: dict[str, float]  # the parts of a token's time
+    bound: str  # the largest of them
+    cycle_s: float  # the decode cycle per output token
+    tokens_per_step: float
 
 
 class Predictor:
@@ -85,7 +98,7 @@ class Predictor:
         self._chunks: dict[tuple, float] = self.steps.memo.setdefault("prefill chunks", {})
         self._shared = {} if shared is None else shared
         self._mixed = layout.options.scheduler.mixed_batches
-        self._steady: dict[tuple, tuple[float, float, float, dict[str, float], str, float, float]] = {}
+        self._steady: dict[tuple, _Running] = {}
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
         """The predictions at each concurrency without their decode steps (what a search keeps of thousands of
@@ -124,29 +137,25 @@ class Predictor:
         steady = self._steady.get(key)
         if steady is None:
             steady = self._steady[key] = self._running(running, isl, osl, queued=queued, decode_only=decode_only)
-        throughput, tpot, first, breakdown, bound, cycle, tokens = steady
-        e2e = concurrency * osl / throughput
-        ttft = max(first, e2e - (osl - 1) * tpot)
+        e2e = concurrency * osl / steady.output_tok_s
+        ttft = max(steady.least_ttft_s, e2e - (osl - 1) * steady.tpot_s)
         return Prediction(
             concurrency=concurrency,
             running=running,
-            output_tok_s=throughput,
-            per_user_tok_s=1.0 / tpot,
-            tpot_s=tpot,
+            output_tok_s=steady.output_tok_s,
+            per_user_tok_s=1.0 / steady.tpot_s,
+            tpot_s=steady.tpot_s,
             ttft_s=ttft,
-            bound="kv_capacity" if queued else bound,
+            bound="kv_capacity" if queued else steady.bound,
             decode=self.steps.decode(running, isl + osl // 2).step if with_step else None,
-            cycle_s=cycle,
-            prefill_per_token_s=breakdown["prefill"],
-            breakdown_s=dict(breakdown),
-            tokens_per_step=tokens,
+            cycle_s=steady.cycle_s,
+            prefill_per_token_s=steady.breakdown_s["prefill"],
+            breakdown_s=dict(steady.breakdown_s),
+            tokens_per_step=steady.tokens_per_step,
         )
 
-    def _running(
-        self, running: int, isl: int, osl: int, *, queued: bool, decode_only: bool
-    ) -> tuple[float, float, float, dict[str, float], str, float, float]:
-        """(output tok/s, TPOT, the least TTFT, the parts of a token's time, the largest, the cycle per token, tokens
-        per step) with `running` requests running, and others queued or not."""
+    def _running(self, running: int, isl: int, osl: int, *, queued: bool, decode_only: bool) -> _Running:
+        """The figures with `running` requests running, and others queued or not."""
         cycle_s, parts = self.steps.cycle(running, isl + osl // 2)
         tokens = self.steps.tokens
         cycle = cycle_s / tokens  # per output token
@@ -170,7 +179,7 @@ class Predictor:
         tpot = cycle + between / steps
         breakdown = {**parts, "prefill": between / steps}
         bound = max(breakdown, key=breakdown.__getitem__)
-        return throughput, tpot, first, breakdown, bound, cycle, tokens
+        return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens)
 
     def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:
         return [self.predict(concurrency=c, isl=isl, osl=osl, decode_only=decode_only) for c in concurrencies]
