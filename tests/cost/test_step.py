@@ -8,7 +8,7 @@ from shardwise.cost.step import StepCostModel
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import check_command
 from shardwise.hardware.load import overheads
-from shardwise.ops.build import StepModel, layer_op_keys, op_for
+from shardwise.ops.build import CommsPiece, LayerPiece, StepModel, layer_op_keys, op_for
 from shardwise.ops.types import Comm, Compute, OpClass, Phase
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
@@ -229,8 +229,8 @@ def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
     def keys(costs: StepCostModel) -> dict[str, tuple]:
         piece = next(p for p in costs.step_model.pieces(phase=Phase.DECODE, requests=8, new_tokens=1,
                                                         context_tokens=1024)
-                     if p.key[0] == "layer" and p.key[1].kind[1] == "moe")  # fmt: skip
-        return {k[0]: k for k in layer_op_keys(*piece.key[1:])}
+                     if isinstance(p.key, LayerPiece) and p.key.inputs.kind[1] == "moe")  # fmt: skip
+        return {k[0]: k for k in layer_op_keys(*piece.key)}
 
     tp8, ep8 = keys(priced("--tp 8")), keys(priced("--tp 8 --ep 8"))
     fp8, tp4 = keys(priced("--tp 8 --kv-cache-dtype fp8_e4m3")), keys(priced("--tp 4 --pp-size 2"))
@@ -255,10 +255,10 @@ def test_stages_whose_collectives_span_the_cluster_alike_share_their_time_and_li
     assert setup.valid, setup.rejections
     costs = StepCostModel.of(model, setup.layout, cluster)
     comms = [p for p in costs.step_model.pieces(phase=Phase.DECODE, requests=8, new_tokens=1, context_tokens=1024)
-             if p.key[0] == "comms"]  # fmt: skip
+             if isinstance(p.key, CommsPiece)]  # fmt: skip
     by_stage = {p.stage: p.key for p in comms}
-    assert by_stage[3][1] is by_stage[4][1]  # one template for two middle stages of eight layers each
-    assert by_stage[2][1] is not by_stage[3][1]  # seven layers: other counts
+    assert by_stage[3].template is by_stage[4].template  # one template for two middle stages of eight layers each
+    assert by_stage[2].template is not by_stage[3].template  # seven layers: other counts
     step = costs.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
     assert {stage.stage for stage in step.stages} == set(range(8))
     assert step.stages[3].parts_s["comm"] == step.stages[4].parts_s["comm"] > step.stages[2].parts_s["comm"] > 0

@@ -21,7 +21,17 @@ from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cos
 from shardwise.engines.layout import Layout, shape_key, with_kv_dtype
 from shardwise.hardware.load import overheads
 from shardwise.memo import Memo
-from shardwise.ops.build import StepModel, comm_ops, layer_gemm_keys, layer_other_keys, op_for, piece_op_keys
+from shardwise.ops.build import (
+    CommsPiece,
+    LayerPiece,
+    PieceKey,
+    StepModel,
+    comm_ops,
+    layer_gemm_keys,
+    layer_other_keys,
+    op_for,
+    piece_op_keys,
+)
 from shardwise.ops.types import OpClass, Phase
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -356,8 +366,8 @@ class _Pricer:
             listed = self._listed[key] = tuple((p.stage, p.count, self.piece(p.key)) for p in pieces)
         return listed
 
-    def piece(self, key: tuple) -> _Piece:
-        if key[0] == "comms":  # its key holds all its time follows from: shared by every layout on the cluster
+    def piece(self, key: PieceKey) -> _Piece:
+        if type(key) is CommsPiece:  # its key holds all its time follows from: shared by every layout on the cluster
             piece = self._comm_pieces.get(key)
             if piece is None:
                 if len(self._comm_pieces) >= REMEMBERED_OPS:
@@ -368,13 +378,15 @@ class _Pricer:
         # it is shared by every layout that runs it alike (beside the op costs: no op key is a piece key)
         piece = self._op_costs.get(key)
         if piece is None:
-            piece = self._op_costs[key] = self._layer(key) if key[0] == "layer" else _Piece(self._op_costs_of(key))
+            piece = self._op_costs[key] = (
+                self._layer(key) if type(key) is LayerPiece else _Piece(self._op_costs_of(key))
+            )
         return piece
 
-    def _layer(self, key: tuple) -> _Piece:
+    def _layer(self, key: LayerPiece) -> _Piece:
         """A layer's piece: its GEMMs' costs and sums remembered for every layout that runs them alike (they follow
         from the layer's matrices, the phase and the tokens alone), then its other ops added in their order."""
-        inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = key[1:]
+        inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = key
         shared = ("gemms", inputs.gemms, inputs.gathered, inputs.dense_gathered, phase, rank_tokens, stage_tokens)
         gemms = self._op_costs.get(shared)
         if gemms is None:
@@ -385,7 +397,7 @@ class _Pricer:
         rest = tuple(costs.get(k) or keyed(k) for k in others)
         return _Piece(gemms[0] + rest, _added(rest, gemms[1]))
 
-    def _op_costs_of(self, key: tuple) -> tuple[OpCost, ...]:
+    def _op_costs_of(self, key: PieceKey) -> tuple[OpCost, ...]:
         """The costs of a piece's ops, each run once (a layer's, the embedding's and the head's by their ops' keys: no
         op is built twice)."""
         return tuple(self._keyed_cost(k) for k in piece_op_keys(key))
@@ -400,11 +412,11 @@ class _Pricer:
             cost = self._op_costs[key] = compute_cost(op, self.rates, self._measured.time(op))
         return cost
 
-    def _comms(self, key: tuple) -> _Piece:
+    def _comms(self, key: CommsPiece) -> _Piece:
         """A stage's collectives: summed from each collective's time (the ops and their costs listed when asked)."""
         comm, hidden, kernels = 0.0, 0.0, 0
         times, cluster = self._comm_times, self.cluster
-        template, tokens = key[1], key[4:]
+        template, tokens = key.template, key.tokens
         for _, op, per_token, source, group, span, impl, overlapped, count in template.entries:
             size = per_token * tokens[source]
             seconds = collective_s(cluster, op, size, group, impl, times, span)

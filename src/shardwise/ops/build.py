@@ -153,7 +153,7 @@ class Piece(NamedTuple):
 
     stage: int
     count: int
-    key: tuple
+    key: PieceKey
 
 
 @dataclass(frozen=True, eq=False)
@@ -343,6 +343,71 @@ def _read_weights(model: ModelSpec, layout: Layout) -> _Split:
     return matrices, experts, head
 
 
+class LayerPiece(NamedTuple):
+    """A layer's ops for a batch: `rank_requests` requests of the busiest attention-DP rank adding `new_tokens` each
+    (`rank_tokens` in all; `stage_tokens` over the stage's DP ranks) to `context` cached tokens each."""
+
+    inputs: LayerInputs
+    phase: str
+    rank_requests: int
+    rank_tokens: int
+    stage_tokens: int
+    new_tokens: int
+    context: int
+
+
+class CommsPiece(NamedTuple):
+    """A stage's collectives in one part of a step (`StepModel.comm_template`), sized by the tokens `_SIZED_BY`
+    names."""
+
+    template: CommTemplate
+    phase: str
+    part: str  # all | halved | whole (two-batch overlap)
+    rank_tokens: int
+    stage_tokens: int
+    cached_tokens: int
+    sampled: int
+
+    @property
+    def tokens(self) -> tuple[int, int, int, int]:
+        """The tokens a template entry's `source` indexes, in `_SIZED_BY` order."""
+        return self.rank_tokens, self.stage_tokens, self.cached_tokens, self.sampled
+
+
+class EmbeddingPiece(NamedTuple):
+    """The embedding lookup of the rank's new tokens, on the first stage."""
+
+    hidden: int
+    tokens: int
+
+
+class HeadPiece(NamedTuple):
+    """lm_head on the sampled tokens, and sampling, on the last stage."""
+
+    head: HeadInputs
+    vocab: int
+    sampled: int
+
+
+# A piece's key holds all its ops follow from: equal keys list equal ops on any layout. (In a table shared by several
+# kinds, the first field's type tells them apart: a layer's inputs, a template, a size, the head's inputs.)
+PieceKey = LayerPiece | CommsPiece | EmbeddingPiece | HeadPiece
+
+
+class _LayerSlot(NamedTuple):
+    kind: tuple[str, str]  # (attention, mlp)
+    halved: bool  # run once per half of a two-batch-overlap split
+
+
+class _CommsSlot(NamedTuple):
+    template: CommTemplate
+    part: str
+
+
+_EMBEDDING, _HEAD = "embedding", "head"  # the slots of the once-a-step pieces
+Slot = _LayerSlot | _CommsSlot | str
+
+
 class StepModel:
     """A layout's step, ready to be listed for any batch."""
 
@@ -401,7 +466,7 @@ class StepModel:
 
     def piece_keys(
         self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int, stages: Sequence[int] | None = None
-    ) -> tuple[Shape, list[tuple]]:
+    ) -> tuple[Shape, list[PieceKey]]:
         """`pieces` as (its shape: the stage, times run and slot of every piece in order; the key of each slot). A slot
         is one piece whatever the stage (a layer kind's, for instance, on every stage that runs it): priced once. The
         shape follows from the phase, whether two-batch overlap splits the step and the stages asked (remembered)."""
@@ -420,40 +485,36 @@ class StepModel:
         part = math.ceil(rank_requests / 2)  # the larger half
         named = phase.value
         shape, slots = self._shape(named, split, None if stages is None else tuple(stages))
-        keys: list[tuple] = []
+        keys: list[PieceKey] = []
         for slot in slots:
-            what = slot[0]
-            if what == "layer":
-                _, kind, half = slot
-                here = part if half else rank_requests
+            if type(slot) is _LayerSlot:
+                here = part if slot.halved else rank_requests
                 tokens = here * new_tokens
-                keys.append(
-                    ("layer", self._layers[kind], named, here, tokens, tokens * lay.attn_dp, new_tokens, context_tokens)
-                )
-            elif what == "comms":
-                _, template, which = slot
-                if which == "halved":
+                inputs = self._layers[slot.kind]
+                keys.append(LayerPiece(inputs, named, here, tokens, tokens * lay.attn_dp, new_tokens, context_tokens))
+            elif type(slot) is _CommsSlot:
+                if slot.part == "halved":
                     sized = (part * new_tokens, part * new_tokens * lay.attn_dp, part * context_tokens, sampled)
                 else:
                     sized = (rank_tokens, stage_tokens, rank_requests * context_tokens, sampled)
-                keys.append(("comms", template, named, which, *sized))
-            elif what == "embedding":
-                keys.append(("embedding", self.model.hidden_size, rank_tokens))
+                keys.append(CommsPiece(slot.template, named, slot.part, *sized))
+            elif slot == _EMBEDDING:
+                keys.append(EmbeddingPiece(self.model.hidden_size, rank_tokens))
             else:
-                keys.append(("head", self._head, self.model.vocab_size, sampled))
+                keys.append(HeadPiece(self._head, self.model.vocab_size, sampled))
         return shape, keys
 
-    def _shape(self, phase: str, split: bool, stages: tuple[int, ...] | None) -> tuple[Shape, tuple[tuple, ...]]:
+    def _shape(self, phase: str, split: bool, stages: tuple[int, ...] | None) -> tuple[Shape, tuple[Slot, ...]]:
         """The pieces of a step of `phase` on `stages` (None: all) as (stage, times run, slot), and the slots: a layer
-        kind ("layer", kind, halved), a stage's collectives ("comms", template, part), the embedding, the head."""
+        kind, a stage's collectives in one part, the embedding, the head."""
         made = self._shapes.get((phase, split, stages))
         if made is not None:
             return made
         shape: list[tuple[int, int, int]] = []
-        slots: list[tuple] = []
-        index: dict[tuple, int] = {}
+        slots: list[Slot] = []
+        index: dict[Slot, int] = {}
 
-        def add(stage: int, count: int, slot: tuple) -> None:
+        def add(stage: int, count: int, slot: Slot) -> None:
             at = index.get(slot)
             if at is None:
                 at = index[slot] = len(slots)
@@ -464,15 +525,15 @@ class StepModel:
             halved = split and self._moe_kinds[stage]
             for kind, count in self._stage_kinds[stage].items():
                 half = halved and kind[1] == "moe"
-                add(stage, 2 * count if half else count, ("layer", kind, half))
+                add(stage, 2 * count if half else count, _LayerSlot(kind, half))
             for which in ("halved", "whole") if halved else ("all",):
                 template = self.comm_template(stage, phase, which)
                 if template is not None:  # the stage's collectives, one piece (none where it runs none)
-                    add(stage, 1, ("comms", template, which))
+                    add(stage, 1, _CommsSlot(template, which))
         if stages is None or 0 in stages:
-            add(0, 1, ("embedding",))
+            add(0, 1, _EMBEDDING)
         if stages is None or self.layout.pp - 1 in stages:
-            add(self.layout.pp - 1, 1, ("head",))
+            add(self.layout.pp - 1, 1, _HEAD)
         made = self._shapes[(phase, split, stages)] = (tuple(shape), tuple(slots))
         return made
 
@@ -502,11 +563,11 @@ class StepModel:
             made = self._firsts[phase] = tuple(s for s, c in enumerate(self.stage_classes(phase)) if s == c)
         return made
 
-    def piece_ops(self, key: tuple) -> tuple[Op, ...]:
+    def piece_ops(self, key: PieceKey) -> tuple[Op, ...]:
         """The ops a piece names, each run once (their stage 0: a piece's place is its own). A stage's collectives are
         listed on the groups of one stage that runs them alike (their time is the same); `ops` lists each stage's
         own groups."""
-        if key[0] == "comms":
+        if type(key) is CommsPiece:
             return comm_ops(key)
         return tuple(op_for(k) for k in piece_op_keys(key))
 
@@ -515,9 +576,9 @@ class StepModel:
         prefill) to a context of `context_tokens` already cached."""
         out: list[Op] = []
         for p in self.pieces(phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens):
-            if p.key[0] == "comms":  # the stage's own groups
-                _, _, named, part, *tokens = p.key
-                ops = _comm_ops(_calls(self._stage_comms(p.stage, named, part)[1], tokens))
+            if type(p.key) is CommsPiece:  # the stage's own groups
+                key = p.key
+                ops = _comm_ops(_calls(self._stage_comms(p.stage, key.phase, key.part)[1], key.tokens))
             else:
                 ops = self.piece_ops(p.key)
             out += [replace(op, stage=p.stage, count=op.count * p.count) for op in ops]
@@ -588,16 +649,15 @@ class StepModel:
         return tuple(candidates[0][:size])
 
 
-def piece_op_keys(key: tuple) -> list[tuple]:
+def piece_op_keys(key: LayerPiece | EmbeddingPiece | HeadPiece) -> list[tuple]:
     """The keys of the ops of a layer, embedding or head piece (`StepModel.pieces`; `op_for` builds each): a piece's key
     holds all its ops follow from, so equal keys list equal ops on any layout."""
-    if key[0] == "layer":
-        return layer_op_keys(*key[1:])
-    if key[0] == "embedding":  # the lookup, on the first stage
-        _, hidden, tokens = key
-        return [("lookup", hidden, tokens)]
-    _, head, vocab, sampled = key  # lm_head on the sampled tokens, and sampling, on the last stage
-    return [("lm_head", head, sampled), ("sampling", vocab, sampled)]
+    if type(key) is LayerPiece:
+        return layer_op_keys(*key)
+    if type(key) is EmbeddingPiece:
+        return [("lookup", key.hidden, key.tokens)]
+    assert type(key) is HeadPiece
+    return [("lm_head", key.head, key.sampled), ("sampling", key.vocab, key.sampled)]
 
 
 def layer_op_keys(
@@ -854,10 +914,10 @@ def _calls(entries: Sequence[tuple], tokens: Sequence[int]) -> list[tuple]:
     ]
 
 
-def comm_ops(key: tuple) -> tuple[Comm, ...]:
-    """The collectives a "comms" piece key names, each on one group that runs it (`StepModel.ops` lists each stage's
-    own groups; the link model reads only their span)."""
-    return _comm_ops(_calls(key[1].entries, key[4:]))
+def comm_ops(key: CommsPiece) -> tuple[Comm, ...]:
+    """The collectives a stage's piece names, each on one group that runs it (`StepModel.ops` lists each stage's own
+    groups; the link model reads only their span)."""
+    return _comm_ops(_calls(key.template.entries, key.tokens))
 
 
 def _comm_ops(calls: list[tuple]) -> tuple[Comm, ...]:
