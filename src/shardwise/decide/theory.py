@@ -26,7 +26,7 @@ from shardwise.decide.rank import (
 )
 from shardwise.decide.search import Candidate, SearchResult, search
 from shardwise.decide.whatif import WhatIf, what_ifs
-from shardwise.engines.base import get_engine
+from shardwise.engines.base import BenchLoad, get_engine
 from shardwise.engines.check import model_reference
 from shardwise.engines.flags import HEAD_IP, command_text
 from shardwise.hardware.load import runtime
@@ -168,9 +168,8 @@ def _verify(
     win = ranking.best
     engine = get_engine(win.candidate.engine)
     c = win.at.concurrency
-    bench = engine.benchmark_command(
-        model_ref=model_reference(model_ref), isl=isl, osl=osl, concurrency=c, prompts=max(100, PROMPTS_PER_CLIENT * c)
-    )
+    load = BenchLoad(isl=isl, osl=osl, concurrency=c, prompts=max(100, PROMPTS_PER_CLIENT * c))
+    bench = engine.benchmark_command(load, model_ref=model_reference(model_ref))
     launch = [token.replace(HEAD_IP, "HEAD_IP") for token in win.candidate.launch]
     simulate = (
         "shardwise",
@@ -207,8 +206,7 @@ def _verify_benchmark(
     assert benchmark.best is not None
     best, w = benchmark.best.candidate, benchmark.workloads[0]
     rate = None if math.isinf(w.request_rate) else w.request_rate
-    bench = get_engine(best.engine).benchmark_command(
-        model_ref=model_reference(model_ref),
+    sent = BenchLoad(
         isl=isl,
         osl=osl,
         concurrency=w.concurrency,
@@ -217,6 +215,7 @@ def _verify_benchmark(
         request_rate=rate,
         range_ratio=range_ratio,
     )
+    bench = get_engine(best.engine).benchmark_command(sent, model_ref=model_reference(model_ref))
     launch = [token.replace(HEAD_IP, "HEAD_IP") for token in best.launch]
     load = ["--concurrency", str(w.concurrency)] if w.concurrency else []
     load += ["--request-rate", "inf" if rate is None else f"{rate:g}"] if not w.concurrency or rate else []

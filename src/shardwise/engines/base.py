@@ -9,6 +9,7 @@ Rules are small functions returning a `Rejection` (or None); the engine's error 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -79,6 +80,33 @@ class Context:
 Rule = Callable[[Context], "Rejection | None"]
 
 
+@dataclass(frozen=True, kw_only=True)
+class BenchLoad:
+    """A load for an engine's own benchmark client: `prompts` requests of ShareGPT (`dataset`) or of random lengths
+    (fixed, or drawn with `range_ratio`), capped at `concurrency` clients, sent at `request_rate` (None or inf: all
+    at once)."""
+
+    isl: int
+    osl: int
+    concurrency: int | None
+    prompts: int
+    dataset: str | None = None
+    request_rate: float | None = None
+    range_ratio: float | None = None
+
+    @property
+    def sharegpt(self) -> bool:
+        return self.dataset is not None and self.dataset.startswith("sharegpt")
+
+    def sending(self) -> list[str]:
+        """How many requests and how they are sent, as both clients spell it (their default rate is inf and they cap
+        no clients unless told)."""
+        sent = ["--num-prompts", str(self.prompts)]
+        if self.request_rate is not None and math.isfinite(self.request_rate):
+            sent += ["--request-rate", f"{self.request_rate:g}"]
+        return sent + (["--max-concurrency", str(self.concurrency)] if self.concurrency else [])
+
+
 class Engine(Protocol):
     name: ClassVar[str]
     supports_expert_parallel: ClassVar[bool]
@@ -127,18 +155,9 @@ class Engine(Protocol):
 
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]: ...
 
-    def benchmark_command(
-        self,
-        *,
-        model_ref: str,
-        isl: int,
-        osl: int,
-        concurrency: int | None,
-        prompts: int,
-        dataset: str | None = None,
-        request_rate: float | None = None,
-        range_ratio: float | None = None,
-    ) -> list[str]: ...
+    def benchmark_command(self, load: BenchLoad, *, model_ref: str) -> list[str]:
+        """The engine's own benchmark client sending `load` to the model it serves as `model_ref`."""
+        ...
 
 
 _REGISTRY: dict[str, type] = {}

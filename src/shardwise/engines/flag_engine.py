@@ -56,23 +56,6 @@ class FlagEngine:
     def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> Iterable[dict[str, Any]]:
         raise NotImplementedError
 
-    def benchmark_command(
-        self,
-        *,
-        model_ref: str,
-        isl: int,
-        osl: int,
-        concurrency: int | None,
-        prompts: int,
-        dataset: str | None = None,
-        request_rate: float | None = None,
-        range_ratio: float | None = None,
-    ) -> list[str]:
-        """The engine's own load generator at this workload: `prompts` requests of ShareGPT (`dataset`) or of
-        random lengths (fixed, or drawn with `range_ratio`), capped at `concurrency` clients, sent at
-        `request_rate` (None or inf: all at once)."""
-        raise NotImplementedError
-
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on `algorithm` drafting ("mtp", "dflash"); {} where the engine has none."""
         return {}

@@ -6,14 +6,13 @@ DCP are carved out of it and add no GPUs. GPUs used = dp (replicas) × tp × pp.
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from itertools import product
 from typing import Any, ClassVar
 
 from packaging.version import Version
 
-from shardwise.engines.base import Note, Rule, divisors, register_engine
+from shardwise.engines.base import BenchLoad, Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import HEAD_IP, flag_table, head_port, table_defaults
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
@@ -358,39 +357,15 @@ class SGLang(FlagEngine):
     def candidates(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         return _candidates(model, cluster)
 
-    def benchmark_command(
-        self,
-        *,
-        model_ref: str,
-        isl: int,
-        osl: int,
-        concurrency: int | None,
-        prompts: int,
-        dataset: str | None = None,
-        request_rate: float | None = None,
-        range_ratio: float | None = None,
-    ) -> list[str]:
+    def benchmark_command(self, load: BenchLoad, *, model_ref: str) -> list[str]:
         """sglang.bench_serving: ShareGPT, or random lengths (range ratio 1 for fixed: its default 0 draws lengths
         from 1 up); its default rate is inf and it has no cap unless given."""
-        cmd = ["python", "-m", "sglang.bench_serving", "--backend", "sglang"]
-        if dataset is not None and dataset.startswith("sharegpt"):
-            cmd += ["--dataset-name", "sharegpt"]
-        else:
-            ratio = 1.0 if range_ratio is None else range_ratio
-            cmd += [
-                "--dataset-name",
-                "random",
-                "--random-input-len",
-                str(isl),
-                "--random-output-len",
-                str(osl),
-                "--random-range-ratio",
-                f"{ratio:g}",
-            ]
-        cmd += ["--num-prompts", str(prompts)]
-        if request_rate is not None and math.isfinite(request_rate):
-            cmd += ["--request-rate", f"{request_rate:g}"]
-        return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
+        cmd = "python -m sglang.bench_serving --backend sglang --dataset-name".split()
+        if load.sharegpt:
+            return [*cmd, "sharegpt", *load.sending()]
+        ratio = 1.0 if load.range_ratio is None else load.range_ratio
+        lengths = ["--random-input-len", str(load.isl), "--random-output-len", str(load.osl)]
+        return [*cmd, "random", *lengths, "--random-range-ratio", f"{ratio:g}", *load.sending()]
 
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on MTP (the checkpoint's own layers, 3 steps) or DFlash drafting."""

@@ -8,14 +8,13 @@ DP ranks add GPUs. MoE layers are sharded over tp × dp (× pcp): by expert with
 from __future__ import annotations
 
 import json
-import math
 from functools import cache
 from itertools import product
 from typing import Any, ClassVar
 
 from packaging.version import Version
 
-from shardwise.engines.base import Note, Rule, divisors, register_engine
+from shardwise.engines.base import BenchLoad, Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import HEAD_IP, EngineArgError, flag_table, table_defaults
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
@@ -293,31 +292,15 @@ class VLLM(FlagEngine):
     def hand_tried(self, model: ModelSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
         return _hand_tried(model, cluster)
 
-    def benchmark_command(
-        self,
-        *,
-        model_ref: str,
-        isl: int,
-        osl: int,
-        concurrency: int | None,
-        prompts: int,
-        dataset: str | None = None,
-        request_rate: float | None = None,
-        range_ratio: float | None = None,
-    ) -> list[str]:
+    def benchmark_command(self, load: BenchLoad, *, model_ref: str) -> list[str]:
         """vllm bench serve: ShareGPT (it needs the file's path), or random lengths (its default range ratio 0 is
         fixed); its default rate is inf and it has no cap unless given."""
-        cmd = ["vllm", "bench", "serve", "--model", model_ref]
-        if dataset is not None and dataset.startswith("sharegpt"):
-            cmd += ["--dataset-name", "sharegpt", "--dataset-path", "ShareGPT_V3_unfiltered_cleaned_split.json"]
-        else:
-            cmd += ["--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl)]
-            if range_ratio:
-                cmd += ["--random-range-ratio", f"{range_ratio:g}"]
-        cmd += ["--num-prompts", str(prompts)]
-        if request_rate is not None and math.isfinite(request_rate):
-            cmd += ["--request-rate", f"{request_rate:g}"]
-        return cmd + (["--max-concurrency", str(concurrency)] if concurrency else [])
+        cmd = ["vllm", "bench", "serve", "--model", model_ref, "--dataset-name"]
+        if load.sharegpt:
+            return [*cmd, "sharegpt", "--dataset-path", "ShareGPT_V3_unfiltered_cleaned_split.json", *load.sending()]
+        lengths = ["--random-input-len", str(load.isl), "--random-output-len", str(load.osl)]
+        ratio = ["--random-range-ratio", f"{load.range_ratio:g}"] if load.range_ratio else []
+        return [*cmd, "random", *lengths, *ratio, *load.sending()]
 
     def speculative_options(self, algorithm: str, *, draft_model: str | None = None) -> dict[str, Any]:
         """Options that turn on MTP drafting (3 tokens); {} for drafting the rules here do not cover (DFlash)."""
