@@ -13,6 +13,7 @@ Input, one JSON object per line:
                 "cuda_graph_bytes": ...,       # per GPU, bytes: what profiling measures
                 "baseline_bytes": ..., "vmm_granularity_bytes": ...},  # optional
                                                # (the whole object is optional: the KV pool)
+     "build": bool,                            # optional, without "memory": build the model, size no pool
      "env": {"VLLM_...": "..."}, "tag": ...}   # optional
 Output, one JSON line per input:
     {"ok": bool, "error": "Type: message" | null,
@@ -20,6 +21,7 @@ Output, one JSON line per input:
                         "by": "device" (the simulated GPU ran out of memory) or "oracle"
                         (a check vLLM makes in code the oracle cannot run, mirrored in its words)},
      "crash": null | {"type", "message", "where"},
+     "built": bool (the model was built on every pipeline stage),
      "resolved": {...} | null,
      "kv_pool": null | {"num_blocks", "block_size", "tokens_per_rank" (num_blocks × block_size),
                         "logical_tokens_per_rank" (as the scheduler counts them, × DCP), "bytes_per_block",
@@ -393,6 +395,7 @@ __import__("argparse").ArgumentParser.error = _argparse_error
 #            run only for the KV stage; nothing is loaded
 #   kv_pool: the workers' memory profiling and the engine core's KV-cache sizing
 STAGE = ["parse"]
+BUILT = [False]  # the model was built on every pipeline stage (the load stage ran whole)
 SITE_VLLM = os.sep + "vllm" + os.sep
 _HOST_PATHS = (
     os.sep + "torch" + os.sep + "cuda" + os.sep,
@@ -1343,6 +1346,16 @@ def _unchecked(memory, cfg):
     return out
 
 
+def build_model(cfg):
+    """The model built on the meta device at each pipeline stage as its workers would, and no pool sized: for a
+    command that comes without memory figures (shardwise refuses it while the model is built, so it has none)."""
+    STAGE[0] = "load"
+    _install_fake_device_memory()
+    for stage in range(cfg.parallel_config.pipeline_parallel_size):
+        build_stage(cfg, stage)
+    BUILT[0] = True
+
+
 def kv_pool(cfg, memory):
     """vLLM's own KV-cache sizing for a resolved config (see the KV stage note)."""
     from vllm.v1.engine.core import EngineCore
@@ -1362,6 +1375,7 @@ def kv_pool(cfg, memory):
     _install_fake_vmm(memory, info["unchecked"])
     STAGE[0] = "load"  # the workers build the model (a refusal here is vLLM's at load)
     stages = [build_stage(cfg, s) for s in range(pp)]
+    BUILT[0] = True
     STAGE[0] = "kv_pool"
     _fake_process_groups(cfg, 0)
     cls = _worker_class()
@@ -1475,6 +1489,8 @@ def run_one(req):
         preload = [m for m in sys.modules if m not in before]  # before any model build
         if req.get("memory"):
             out["kv_pool"] = kv_pool(cfg, req["memory"])
+        elif req.get("build"):
+            build_model(cfg)
         out["ok"] = True
     except BaseException as e:  # noqa: BLE001
         out.update(verdict(e))
@@ -1482,6 +1498,7 @@ def run_one(req):
             out["kv_pool"] = dict(KV_INFO)  # what it rested on, no pool
         if os.environ.get("ORACLE_TRACEBACK"):
             traceback.print_exception(e)
+    out["built"] = BUILT[0]
     if assumed:
         out["gpu_assumed"] = assumed
     out.update(CAPTURED)

@@ -20,9 +20,9 @@ def _emitted(flags: str) -> Emitted:
     return Emitted("sglang", "0.5.23", tokens, _argv("sglang", list(tokens), MODELS / "kimi-k2.6"))
 
 
-def _answer(*, refusal=None, crash=None, resolved=None, kv_pool=None) -> dict:
+def _answer(*, refusal=None, crash=None, resolved=None, kv_pool=None, built=False) -> dict:
     return {"ok": refusal is None and crash is None, "refusal": refusal, "crash": crash, "resolved": resolved,
-            "kv_pool": kv_pool}  # fmt: skip
+            "kv_pool": kv_pool, "built": built}  # fmt: skip
 
 
 def _resolved(e: Emitted) -> dict:
@@ -78,14 +78,15 @@ def test_the_kv_pool_agrees_to_the_token(off_by, slots_off_by, agree):
 
 
 def test_a_model_the_engine_builds_where_shardwise_says_it_fails_to_is_a_disagreement():
-    """vLLM's oracle builds the model on every stage: a load-stage refusal of shardwise's that it does not meet is
-    a disagreement (gpt-oss at tp 16: 0 KV heads per rank)."""
+    """Where vLLM's oracle built the model on every stage, a load-stage refusal of shardwise's that it does not meet
+    is a disagreement (gpt-oss at tp 16: 0 KV heads per rank); where it did not build it, nothing is said."""
     tokens = tuple("vllm serve openai/gpt-oss-120b -tp 16 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1".split())
     e = Emitted("vllm", "0.33.0", tokens, _argv("vllm", list(tokens), MODELS / "gpt-oss-120b"))
     box = load_cluster("2x8xh100")
     assert shardwise_check(e, box).setup.rejections[0].rule == "kv_heads_per_rank"
-    built = disagreements([(e, box)], [_answer(resolved={})])
+    built = disagreements([(e, box)], [_answer(resolved={}, built=True)])
     assert built and built[0].startswith("shardwise refuses at load (kv_heads_per_rank), the engine builds the model")
+    assert disagreements([(e, box)], [_answer(resolved={})]) == []
     refused = {"stage": "load", "type": "ZeroDivisionError", "message": "integer modulo by zero"}
     assert disagreements([(e, box)], [_answer(refusal=refused)]) == []
 

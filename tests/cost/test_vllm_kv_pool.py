@@ -164,3 +164,26 @@ def test_an_activation_peak_beyond_the_gpu_fails_the_profile_run():
     assert memory.verdict == "oom"
     assert memory.engine_error == "torch.OutOfMemoryError: CUDA out of memory (while profiling the activation peak)"
     assert "activation peak of the profile run" in memory.reason
+
+
+# --- the refusal as vLLM words it --------------------------------------------------------------------------------
+
+
+def test_the_refusal_is_the_first_worker_s_and_reads_the_memory_found_before_the_pool_is_sized():
+    """vLLM checks each worker in rank order (stage 0 first) and words the first that fails, in GiB rounded as
+    Python prints them; 0.34's extensible cache is checked against the memory its profile found, before CUDA graphs
+    and the margin take their share of the pool. The engine's words, from the oracle's run of vLLM on shardwise's
+    figures: stage 0 of Kimi -tp 2 -pp 4 on 8× H100 has room, too little (while a later stage has none at all)."""
+    staged, _ = vllm("kimi-k2.6", "8xh100", "-tp 2 -pp 4", "0.33.0")
+    assert staged.verdict == "no_kv_room"
+    assert staged.engine_error == (
+        "ValueError: To serve at least one request with the model's max seq len (262144), (4.22 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (1.25 GiB)."
+    )
+    extensible, _ = vllm("kimi-k2.6", "8xh100", "-tp 8", "0.34.0")
+    assert extensible.engine_error == (
+        "ValueError: To serve at least one request with the model's max seq len (262144), (17.16 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (3.52 GiB)."
+    )
+    whole, _ = vllm("llama-3.1-70b", "8xh100", "-tp 2", "0.34.0")
+    assert "(20.0 GiB KV cache is needed" in (whole.engine_error or "")  # vLLM's format_gib: round(x, 2), not "20.00"

@@ -365,6 +365,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         cell=max(cells),
         longest=_longest_request(model, layout, groups, window_tokens),
         window_pool_tokens=window_pool_tokens,
+        checked=_checked_per_stage(layout, capacity, stage_weights, cells, rt=rt, act=act, graphs=graphs),
     )
     state = model.linear_state_bytes / max(1, layout.attn_tp)
     return MemoryLedger(
@@ -567,9 +568,11 @@ def _verdict(
     cell: float,
     longest: _Longest | None = None,
     window_pool_tokens: int | None = None,
+    checked: list[_Checked] | None = None,
 ) -> Verdict:
     """Whether the layout starts, in the order the engine finds out: the GPU runs out of memory, the pool has no
-    room, one longest request does not fit (vLLM), the window pool is too small (SGLang)."""
+    room, one longest request does not fit (vLLM), the window pool is too small (SGLang). Where vLLM refuses the
+    pool, its message is the first worker's that fails its check (`checked`, stage by stage)."""
     opts = layout.options
     page, pool = opts.page_size or 1, opts.window_pool
     out = _out_of_memory(opts, capacity=capacity, weights=weights, rt=rt, act=act, kv=kv) or _no_kv_room(
@@ -577,6 +580,9 @@ def _verdict(
     )
     if out is None and longest and opts.activations_in_budget and usable < longest.need:
         out = _too_short(longest, usable=usable, rank_bytes_per_token=cell / layout.dcp)
+    if out is not None and out[0] == "no_kv_room" and checked and longest and opts.memory_fraction_of == "total":
+        error = _first_refusing_worker(checked, longest, dcp=layout.dcp)
+        out = (out[0], out[1], error or out[2])
     if out is None and pool is not None and window_pool_tokens is not None:
         if pool.window_tokens + page >= window_pool_tokens:
             out = _window_pool_too_small(pool, page, window_pool_tokens, full_tokens=tokens)
@@ -644,6 +650,63 @@ def _no_kv_room(
     return None
 
 
+class _Checked(NamedTuple):
+    """What vLLM's KV check reads of one pipeline stage's workers: the memory it found for the KV cache less the null
+    block, and the cache bytes of a token of the stage's layers."""
+
+    available_bytes: float
+    cell_bytes: float
+
+
+def _checked_per_stage(
+    layout: Layout,
+    capacity: float,
+    stage_weights: list[float],
+    cells: list[float],
+    *,
+    rt: float,
+    act: float,
+    graphs: float,
+) -> list[_Checked] | None:
+    """Per stage, in worker order, the figures vLLM checks the pool against (kv_cache_planning.py get_kv_cache_configs
+    → _check_enough_kv_cache_memory): the memory the worker's profile left for the KV cache, before the extensible
+    cache's margin and CUDA graphs where it sizes the pool after capture (0.34: the check reads the memory found
+    before it), less one block held back for the null block. None for an engine that checks otherwise."""
+    opts = layout.options
+    if opts.memory_fraction_of != "total" or opts.memory_fraction is None or opts.kv_cache_bytes is not None:
+        return None
+    page = opts.page_size or 1
+    after_capture = opts.kv_margin is not None  # the pool is sized after the graphs, the check before them
+    budget = opts.memory_fraction * capacity - rt - act - (0.0 if after_capture else graphs)
+    return [
+        _Checked(budget - weights - opts.kv_null_blocks * page * cell, cell)
+        for weights, cell in zip(stage_weights, cells, strict=True)
+    ]
+
+
+def _gib(size_bytes: float) -> str:
+    """Bytes in GiB as vLLM prints them (utils/mem_utils.py format_gib: rounded to two places, as Python writes it)."""
+    return f"{round(size_bytes / GiB, 2)}"
+
+
+def _first_refusing_worker(checked: list[_Checked], longest: _Longest, *, dcp: int) -> str | None:
+    """vLLM's refusal as the first worker that fails its check raises it: no memory at all, or less than one request
+    of max_model_len needs on its layers."""
+    for stage in checked:
+        if stage.cell_bytes <= 0:  # a stage that caches no tokens is not checked
+            continue
+        if stage.available_bytes <= 0:
+            return "ValueError: No available memory for the cache blocks."
+        needed = longest.need * stage.cell_bytes / dcp
+        if needed > stage.available_bytes:
+            return (
+                f"ValueError: To serve at least one request with the model's max seq len ({longest.length}), "
+                f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
+                f"({_gib(stage.available_bytes)} GiB)."
+            )
+    return None
+
+
 def _too_short(longest: _Longest, *, usable: int, rank_bytes_per_token: float) -> Verdict:
     """vLLM refuses a pool whose blocks, less the null block, cannot hold one request of max_model_len
     (kv_cache_planning.py _check_enough_kv_cache_memory); its message gives both in one GPU's bytes."""
@@ -653,8 +716,8 @@ def _too_short(longest: _Longest, *, usable: int, rank_bytes_per_token: float) -
         f"the KV pool hands out {usable:,} tokens, fewer than one request of max_model_len {longest.length:,} needs "
         f"({longest.need:,.0f}); lower --max-model-len to at most {shorter:,}",
         f"ValueError: To serve at least one request with the model's max seq len ({longest.length}), "
-        f"({longest.need * rank_bytes_per_token / GiB:.2f} GiB KV cache is needed, which is larger than the "
-        f"available KV cache memory ({usable * rank_bytes_per_token / GiB:.2f} GiB).",
+        f"({_gib(longest.need * rank_bytes_per_token)} GiB KV cache is needed, which is larger than the "
+        f"available KV cache memory ({_gib(usable * rank_bytes_per_token)} GiB).",
     )
 
 
