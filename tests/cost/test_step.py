@@ -230,7 +230,7 @@ def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
         piece = next(p for p in costs.step_model.pieces(phase=Phase.DECODE, requests=8, new_tokens=1,
                                                         context_tokens=1024)
                      if isinstance(p.key, LayerPiece) and p.key.inputs.kind[1] == "moe")  # fmt: skip
-        return {k[0]: k for k in layer_op_keys(*piece.key)}
+        return {k[0]: k for k in layer_op_keys(piece.key)}
 
     tp8, ep8 = keys(priced("--tp 8")), keys(priced("--tp 8 --ep 8"))
     fp8, tp4 = keys(priced("--tp 8 --kv-cache-dtype fp8_e4m3")), keys(priced("--tp 4 --pp-size 2"))

@@ -386,14 +386,14 @@ class _Pricer:
     def _layer(self, key: LayerPiece) -> _Piece:
         """A layer's piece: its GEMMs' costs and sums remembered for every layout that runs them alike (they follow
         from the layer's matrices, the phase and the tokens alone), then its other ops added in their order."""
-        inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = key
+        inputs, phase, rank_tokens, stage_tokens = key.inputs, key.phase, key.rank_tokens, key.stage_tokens
         shared = ("gemms", inputs.gemms, inputs.gathered, inputs.dense_gathered, phase, rank_tokens, stage_tokens)
         gemms = self._op_costs.get(shared)
         if gemms is None:
             costs = tuple(self._keyed_cost(k) for k in layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens))
             gemms = self._op_costs[shared] = (costs, _added(costs, NO_SUMS))
         costs, keyed = self._op_costs, self._keyed_cost
-        others = layer_other_keys(inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context)
+        others = layer_other_keys(key)
         rest = tuple(costs.get(k) or keyed(k) for k in others)
         return _Piece(gemms[0] + rest, _added(rest, gemms[1]))
 

@@ -171,23 +171,8 @@ def _verify(
     load = BenchLoad(isl=isl, osl=osl, concurrency=c, prompts=max(100, PROMPTS_PER_CLIENT * c))
     bench = engine.benchmark_command(load, model_ref=model_reference(model_ref))
     launch = [token.replace(HEAD_IP, "HEAD_IP") for token in win.candidate.launch]
-    simulate = (
-        "shardwise",
-        "simulate",
-        "--model",
-        model_ref,
-        "--gpus",
-        cluster.name,
-        "--concurrency",
-        str(c),
-        "--isl",
-        str(isl),
-        "--osl",
-        str(osl),
-        "--",
-        *launch,
-    )
-    return (*win.candidate.launches, tuple(bench), simulate)
+    load_args = ["--concurrency", str(c), "--isl", str(isl), "--osl", str(osl)]
+    return (*win.candidate.launches, tuple(bench), _simulate_command(model_ref, cluster, load_args, launch))
 
 
 def _verify_benchmark(
@@ -223,22 +208,13 @@ def _verify_benchmark(
     shape += ["--range-ratio", f"{range_ratio:g}"] if range_ratio is not None and not lengths else []
     arrivals = ["--burstiness", f"{w.burstiness:g}"] if rate is not None and w.burstiness != 1.0 else []
     arrivals += ["--seed", str(w.seed)] if w.seed else []
-    simulate = (
-        "shardwise",
-        "simulate",
-        "--model",
-        model_ref,
-        "--gpus",
-        cluster.name,
-        *load,
-        *arrivals,
-        "--num-prompts",
-        str(w.num_requests),
-        *shape,
-        "--",
-        *launch,
-    )
-    return (*best.launches, tuple(bench), simulate)
+    load_args = [*load, *arrivals, "--num-prompts", str(w.num_requests), *shape]
+    return (*best.launches, tuple(bench), _simulate_command(model_ref, cluster, load_args, launch))
+
+
+def _simulate_command(model_ref: str, cluster: ClusterSpec, load: list[str], launch: list[str]) -> tuple[str, ...]:
+    """`shardwise simulate` of a launch command under a load, as `verify` prints it."""
+    return ("shardwise", "simulate", "--model", model_ref, "--gpus", cluster.name, *load, "--", *launch)
 
 
 def _too_long(result: SearchResult) -> tuple[str, ...]:

@@ -653,29 +653,18 @@ def piece_op_keys(key: LayerPiece | EmbeddingPiece | HeadPiece) -> list[tuple]:
     """The keys of the ops of a layer, embedding or head piece (`StepModel.pieces`; `op_for` builds each): a piece's key
     holds all its ops follow from, so equal keys list equal ops on any layout."""
     if type(key) is LayerPiece:
-        return layer_op_keys(*key)
+        return layer_op_keys(key)
     if type(key) is EmbeddingPiece:
         return [("lookup", key.hidden, key.tokens)]
     assert type(key) is HeadPiece
     return [("lm_head", key.head, key.sampled), ("sampling", key.vocab, key.sampled)]
 
 
-def layer_op_keys(
-    inputs: LayerInputs,
-    phase: str,
-    rank_requests: int,
-    rank_tokens: int,
-    stage_tokens: int,
-    new_tokens: int,
-    context: int,
-) -> list[tuple]:
-    """The keys of one layer's ops (run once) for a batch: `rank_requests` requests of the busiest attention-DP rank
-    adding `new_tokens` each (`rank_tokens` in all; `stage_tokens` over the stage's DP ranks) to `context` cached
-    tokens each. A key holds all its op is built from (`op_for`): equal keys, equal ops, on any layout. Its GEMMs
-    first (`layer_gemm_keys`), then the rest (`layer_other_keys`)."""
-    return layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens) + layer_other_keys(
-        inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context
-    )
+def layer_op_keys(piece: LayerPiece) -> list[tuple]:
+    """The keys of one layer's ops (run once) for the batch its piece names. A key holds all its op is built from
+    (`op_for`): equal keys, equal ops, on any layout. Its GEMMs first (`layer_gemm_keys`), then the rest
+    (`layer_other_keys`)."""
+    return layer_gemm_keys(piece.inputs, piece.phase, piece.rank_tokens, piece.stage_tokens) + layer_other_keys(piece)
 
 
 def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tokens: int) -> list[tuple]:
@@ -694,16 +683,9 @@ def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tok
     return keys
 
 
-def layer_other_keys(
-    inputs: LayerInputs,
-    phase: str,
-    rank_requests: int,
-    rank_tokens: int,
-    stage_tokens: int,
-    new_tokens: int,
-    context: int,
-) -> list[tuple]:
+def layer_other_keys(piece: LayerPiece) -> list[tuple]:
     """The keys of a layer's attention, elementwise kernels and routed experts."""
+    inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = piece
     keys: list[tuple] = [
         ("attention", inputs.attention, phase, rank_requests, new_tokens, context),
         ("elementwise", inputs.elementwise, inputs.model.hidden_size, rank_tokens),
