@@ -22,7 +22,14 @@ from matplotlib.ticker import LogLocator, StrMethodFormatter  # noqa: E402
 from shardwise.decide.search import Candidate  # noqa: E402
 from shardwise.decide.theory import Theory  # noqa: E402
 from shardwise.engines.flags import command_text  # noqa: E402
-from shardwise.report.theory import PART_NAMES, distinct_layouts, family_lines, headline, narrative  # noqa: E402
+from shardwise.report.theory import (  # noqa: E402
+    PART_NAMES,
+    distinct_layouts,
+    family_lines,
+    headline,
+    narrative,
+    ranking_rows,
+)
 
 CHARTED = 6  # layouts drawn on the throughput chart and the breakdown bars
 WIDTH_IN = 10.0  # inches: each chart's drawn width (720 pt); the page scales it to its column
@@ -176,23 +183,7 @@ def theory_html(t: Theory, *, top: int) -> str:
             f'<p class="note">The top {min(top, len(shown))} of {len(shown)} layouts that start, each at its '
             f"best options ({len(t.ranking.scores)} setups).</p>"
         )
-        out.append(
-            _table(
-                ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
-                [
-                    [
-                        str(n),
-                        s.candidate.name,
-                        f"{s.at.output_tok_s:,.0f}",
-                        str(s.at.concurrency),
-                        f"{s.at.output_tok_s / s.candidate.gpus:,.0f}",
-                        f"{s.at.per_user_tok_s:,.1f}",
-                        s.at.bound,
-                    ]
-                    for n, s in enumerate(shown[:top], start=1)
-                ],
-            )
-        )
+        out.append(_table(*ranking_rows(shown, top)))
         for name, caption, fig in charts(t):
             out.append(
                 f'<figure class="chart" id="chart-{name}">{_svg(fig)}<figcaption>{html.escape(caption)}'

@@ -590,6 +590,26 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
 # --- Markdown ---------------------------------------------------------------------------------------------
 
 
+RANKING_HEADER = ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"]
+
+
+def ranking_rows(shown: list[Score], top: int) -> tuple[list[str], list[list[str]]]:
+    """The ranking table of the Markdown and HTML reports: its header, and a row per layout shown."""
+    rows = [
+        [
+            str(n),
+            s.candidate.name,
+            f"{s.at.output_tok_s:,.0f}",
+            str(s.at.concurrency),
+            f"{s.at.output_tok_s / s.candidate.gpus:,.0f}",
+            f"{s.at.per_user_tok_s:,.1f}",
+            s.at.bound,
+        ]
+        for n, s in enumerate(shown[:top], start=1)
+    ]
+    return RANKING_HEADER, rows
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -607,21 +627,7 @@ def theory_markdown(t: Theory, *, top: int) -> str:
             f"The top {min(top, len(shown))} of {len(shown)} layouts that start, each at its "
             f"best options ({len(t.ranking.scores)} setups).",
             "",
-            _md_table(
-                ["#", "setup", "tok/s", "at C", "tok/s per GPU", "tok/s per user", "bound"],
-                [
-                    [
-                        str(n),
-                        s.candidate.name,
-                        f"{s.at.output_tok_s:,.0f}",
-                        str(s.at.concurrency),
-                        f"{s.at.output_tok_s / s.candidate.gpus:,.0f}",
-                        f"{s.at.per_user_tok_s:,.1f}",
-                        s.at.bound,
-                    ]
-                    for n, s in enumerate(shown[:top], start=1)
-                ],
-            ),
+            _md_table(*ranking_rows(shown, top)),
             "",
         ]
         out += [
