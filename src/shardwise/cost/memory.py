@@ -16,6 +16,8 @@ The pool is the same on every rank of an attention-DP group, so the fullest GPU 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -365,7 +367,7 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
         cell=max(cells),
         longest=_longest_request(model, layout, groups, window_tokens),
         window_pool_tokens=window_pool_tokens,
-        checked=_checked_per_stage(layout, capacity, stage_weights, cells, rt=rt, act=act, graphs=graphs),
+        checked=partial(_checked_per_stage, layout, capacity, stage_weights, cells, rt=rt, act=act, graphs=graphs),
     )
     state = model.linear_state_bytes / max(1, layout.attn_tp)
     return MemoryLedger(
@@ -568,11 +570,12 @@ def _verdict(
     cell: float,
     longest: _Longest | None = None,
     window_pool_tokens: int | None = None,
-    checked: list[_Checked] | None = None,
+    checked: Callable[[], list[_Checked] | None] | None = None,
 ) -> Verdict:
     """Whether the layout starts, in the order the engine finds out: the GPU runs out of memory, the pool has no
     room, one longest request does not fit (vLLM), the window pool is too small (SGLang). Where vLLM refuses the
-    pool, its message is the first worker's that fails its check (`checked`, stage by stage)."""
+    pool, its message is the first worker's that fails its check (`checked`: its figures stage by stage, made only
+    then)."""
     opts = layout.options
     page, pool = opts.page_size or 1, opts.window_pool
     out = _out_of_memory(opts, capacity=capacity, weights=weights, rt=rt, act=act, kv=kv) or _no_kv_room(
@@ -580,8 +583,9 @@ def _verdict(
     )
     if out is None and longest and opts.activations_in_budget and usable < longest.need:
         out = _too_short(longest, usable=usable, rank_bytes_per_token=cell / layout.dcp)
-    if out is not None and out[0] == "no_kv_room" and checked and longest and opts.memory_fraction_of == "total":
-        error = _first_refusing_worker(checked, longest, dcp=layout.dcp)
+    stages = checked() if out is not None and out[0] == "no_kv_room" and checked and longest else None
+    if stages and longest:
+        error = _first_refusing_worker(stages, longest, dcp=layout.dcp)
         out = (out[0], out[1], error or out[2])
     if out is None and pool is not None and window_pool_tokens is not None:
         if pool.window_tokens + page >= window_pool_tokens:
