@@ -2,13 +2,24 @@
 
 import pytest
 
+from shardwise.cost.book import LayoutPrices, PriceBook
 from shardwise.cost.memory import memory_ledger
 from shardwise.cost.roofline import compute_cost
 from shardwise.cost.step import StepCostModel
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import check_command
 from shardwise.hardware.load import overheads
-from shardwise.ops.build import CommsPiece, LayerPiece, StepModel, layer_op_keys, op_for
+from shardwise.ops.build import (
+    AttentionKey,
+    CommsPiece,
+    ElementwiseKey,
+    ExpertsKey,
+    GemmKey,
+    LayerOpKey,
+    LayerPiece,
+    StepModel,
+    layer_op_keys,
+)
 from shardwise.ops.types import Comm, Compute, OpClass, Phase
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
@@ -118,7 +129,7 @@ def test_removing_communication_never_slows_a_step(tp8, monkeypatch):
         return tuple(p for p in shape if not any(isinstance(op, Comm) for op in ops(keys[p[2]]))), keys
 
     monkeypatch.setattr(tp8.step_model, "piece_keys", without_comm)
-    monkeypatch.setattr(tp8, "_costs", {})  # priced afresh from the changed ops, not from the layout's shared costs
+    monkeypatch.setattr(tp8, "prices", LayoutPrices())  # priced afresh from the changed ops, not the shared tables
     alone = tp8.step(phase=Phase.DECODE, requests=8, context_tokens=1024)
     assert alone.time_s <= with_comm.time_s
     assert alone.time_s < with_comm.time_s - 1e-3  # TP8 over PCIe spends milliseconds in all-reduces
@@ -135,17 +146,18 @@ def test_layouts_that_differ_only_in_memory_or_launching_share_their_op_costs():
     same, so their costs are priced once. An FP8 KV cache changes what attention reads: priced apart. What the
     host adds still follows each layout's own options."""
     cluster, model = load_cluster("8xrtx-pro-6000"), load_model("kimi-k2.6")  # one of each, as a search has
+    book = PriceBook()
 
     def priced(flags: str) -> StepCostModel:
         setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=model, cluster=cluster)
-        return StepCostModel.of(model, setup.layout, cluster)
+        return StepCostModel.of(model, setup.layout, cluster, book=book)
 
     base, raised = priced("--tp 8 --mem-fraction-static 0.85"), priced("--tp 8 --mem-fraction-static 0.9")
     eager = priced("--tp 8 --mem-fraction-static 0.85 --disable-cuda-graph")
     fp8 = priced("--tp 8 --mem-fraction-static 0.85 --kv-cache-dtype fp8_e4m3")
-    assert base._costs is raised._costs is eager._costs
+    assert base.prices is raised.prices is eager.prices
     assert base.step_model is raised.step_model is eager.step_model  # one step model for all three
-    assert fp8._costs is not base._costs
+    assert fp8.prices is not base.prices
     graphed = base.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
     launched = eager.step(phase=Phase.DECODE, requests=4, context_tokens=1024)
     assert launched.pieces is graphed.pieces  # the same priced ops
@@ -155,7 +167,7 @@ def test_layouts_that_differ_only_in_memory_or_launching_share_their_op_costs():
     attention = [o for o in read_fp8.ops if o.op_class.value == "attention"]
     assert sum(o.bytes for o in attention) < sum(o.bytes for o in graphed.ops if o.op_class.value == "attention")
     # the collectives are the same with either cache: their templates, stage classes and pieces' shapes are shared
-    assert fp8.step_model._comm_templates is base.step_model._comm_templates
+    assert fp8.step_model._plan is base.step_model._plan
     assert fp8.step_model.stage_classes(Phase.DECODE) is base.step_model.stage_classes(Phase.DECODE)
     comms = [[(o.name, o.size_bytes) for o in m.step_model.ops(phase=Phase.DECODE, requests=4, new_tokens=1,
                                                                 context_tokens=1024) if isinstance(o, Comm)]
@@ -166,17 +178,17 @@ def test_layouts_that_differ_only_in_memory_or_launching_share_their_op_costs():
 def test_step_models_share_their_collectives_only_where_they_run_the_same_ones():
     """With DCP a prefill gathers the cached prefix's KV over the DCP group, sized by the cache's own dtype: an FP8
     cache's step model then has collectives of its own, and each is priced from its own."""
-    cluster, model = load_cluster("8xh200"), load_model("deepseek-v3")
+    cluster, model, book = load_cluster("8xh200"), load_model("deepseek-v3"), PriceBook()
 
     def priced(flags: str) -> StepCostModel:
         setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=model, cluster=cluster)
         assert setup.layout is not None, setup.rejections
-        return StepCostModel.of(model, setup.layout, cluster)
+        return StepCostModel.of(model, setup.layout, cluster, book=book)
 
     dcp = "--tp 8 --dcp-size 8 --attention-backend flashinfer"
     base, fp8 = priced(dcp), priced(dcp + " --kv-cache-dtype fp8_e4m3")
     assert fp8.step_model._comm != base.step_model._comm
-    assert fp8.step_model._comm_templates is not base.step_model._comm_templates
+    assert fp8.step_model._plan is not base.step_model._plan
     sizes = [
         sum(o.size_bytes for o in m.step_model.ops(phase=Phase.PREFILL, requests=1, new_tokens=1024,
                                                    context_tokens=4096) if isinstance(o, Comm) and "KV" in o.name)
@@ -219,29 +231,32 @@ def test_an_ops_key_names_one_op_on_every_layout_that_runs_it():
     """A layer's ops are priced by their keys, without building them: a key must hold everything its op is built
     from. Layouts that split attention alike run the same attention op (one key, one cost); an FP8 KV cache or
     another split reads other bytes, so its key differs (the FP8 cache's GEMMs and experts keep theirs); and the cost
-    found by a key is that of the op it names."""
-    cluster, model = load_cluster("8xrtx-pro-6000"), load_model("kimi-k2.6")
+    found by a key is that of the op it names. All in one price book, as a search prices them."""
+    cluster, model, book = load_cluster("8xrtx-pro-6000"), load_model("kimi-k2.6"), PriceBook()
 
     def priced(flags: str) -> StepCostModel:
         setup = get_engine("sglang").resolve(["--model-path", "m", *flags.split()], model=model, cluster=cluster)
-        return StepCostModel.of(model, setup.layout, cluster)
+        return StepCostModel.of(model, setup.layout, cluster, book=book)
 
-    def keys(costs: StepCostModel) -> dict[str, tuple]:
+    def keys(costs: StepCostModel) -> dict[type, LayerOpKey]:
         piece = next(p for p in costs.step_model.pieces(phase=Phase.DECODE, requests=8, new_tokens=1,
                                                         context_tokens=1024)
                      if isinstance(p.key, LayerPiece) and p.key.inputs.kind[1] == "moe")  # fmt: skip
-        return {k[0]: k for k in layer_op_keys(piece.key)}
+        return {type(k): k for k in layer_op_keys(piece.key)}
 
     tp8, ep8 = keys(priced("--tp 8")), keys(priced("--tp 8 --ep 8"))
     fp8, tp4 = keys(priced("--tp 8 --kv-cache-dtype fp8_e4m3")), keys(priced("--tp 4 --pp-size 2"))
-    assert tp8["attention"] == ep8["attention"] and tp8["attention"][1] is ep8["attention"][1]  # interned: one object
-    assert tp8["experts"] != ep8["experts"]  # EP8 reads whole experts, TP8 an eighth of each
-    assert op_for(fp8["attention"]).bytes == pytest.approx(op_for(tp8["attention"]).bytes / 2)  # FP8 against BF16
-    assert fp8["gemm"] == tp8["gemm"] and fp8["experts"] == tp8["experts"]  # the weights' ops: whatever the cache holds
-    assert op_for(tp4["attention"]).flops == pytest.approx(2 * op_for(tp8["attention"]).flops)  # twice the heads
+    assert set(tp8) == {GemmKey, AttentionKey, ElementwiseKey, ExpertsKey}
+    attention, experts, gemm = AttentionKey, ExpertsKey, GemmKey
+    assert tp8[attention] == ep8[attention] and tp8[attention].inputs is ep8[attention].inputs  # interned: one object
+    assert tp8[experts] != ep8[experts]  # EP8 reads whole experts, TP8 an eighth of each
+    assert fp8[attention].op().bytes == pytest.approx(tp8[attention].op().bytes / 2)  # FP8 against BF16
+    assert fp8[gemm] == tp8[gemm] and fp8[experts] == tp8[experts]  # the weights' ops: whatever the cache holds
+    assert tp4[attention].op().flops == pytest.approx(2 * tp8[attention].op().flops)  # twice the heads
     pricer = priced("--tp 8")._pricer
     for key in tp8.values():
-        assert pricer._keyed_cost(key) == compute_cost(op_for(key), pricer.rates, pricer._measured.time(op_for(key)))
+        assert pricer._cost(key) == compute_cost(key.op(), pricer.rates, pricer._measured.time(key.op()))
+    assert StepCostModel.of(model, priced("--tp 8").layout, cluster).step_model is not priced("--tp 8").step_model
 
 
 def test_stages_whose_collectives_span_the_cluster_alike_share_their_time_and_list_their_own_groups():

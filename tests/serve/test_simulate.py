@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from shardwise.cost.book import PriceBook
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
@@ -241,12 +242,13 @@ def test_cuda_graph_twins_share_a_cycle_only_where_neither_graphs_the_step():
     off = check_command(KIMI_EP8, cluster=cluster)
     graph_max = on.setup.layout.options.cuda_graph_max_bs
     assert graph_max and off.setup.layout.options.cuda_graph is False
-    graphed, eager = (StepTimes(on.model, c.setup.layout, cluster) for c in (on, off))  # one model, as a search
+    book = PriceBook()  # one model and one book, as a search has
+    graphed, eager = (StepTimes(on.model, c.setup.layout, cluster, book=book) for c in (on, off))
     beyond = 2 * graph_max
     assert graphed.cycle(beyond, 1536) is eager.cycle(beyond, 1536)
     assert graphed.cycle(1, 1536)[0] < eager.cycle(1, 1536)[0]
     for steps, c in ((graphed, on), (eager, off)):
-        alone = StepTimes(c.model, c.setup.layout, cluster, prefill_scale=0.5)  # a table of its own
+        alone = StepTimes(c.model, c.setup.layout, cluster)  # a book of its own
         for running in (1, beyond):
             cycle_s, parts = steps.cycle(running, 1536)
             decode = alone.decode(running, 1536)

@@ -29,6 +29,7 @@ from shardwise.cli.app import (
     with_profile,
     workloads_of,
 )
+from shardwise.cost.book import PriceBook
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.search import raised_fraction
@@ -178,12 +179,12 @@ def check(
     cluster_spec = with_profile(load_cluster(gpus), profile)
     checked = check_command(ctx.args, cluster=cluster_spec, model=model, version=engine_version)
     setup = checked.setup
-    launch, memory = None, None
+    launch, memory, book = None, None, PriceBook()  # one price book for the check
     if setup.layout is not None:
         launch = get_engine(setup.engine).launch_commands(
             setup, model_ref=model_reference(checked.model_ref), remote_code=checked.model.remote_code
         )
-        memory = memory_ledger(checked.model, setup.layout, cluster_spec)
+        memory = memory_ledger(checked.model, setup.layout, cluster_spec, book=book)
     simulating = request_rate is not None or lengths is not None or range_ratio is not None or num_prompts is not None
     if concurrency is None and not (simulating and request_rate is not None):
         concurrency = "1,8,64"
@@ -207,7 +208,7 @@ def check(
                 seed=seed,
                 decode_only=decode_only,
             )
-            steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
+            steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance, book=book)
             simulated = [run_simulation(steps, memory, w) for w in workloads]
         else:
             predicted = predict(
@@ -220,6 +221,7 @@ def check(
                 osl=osl,
                 accept_length=acceptance,
                 decode_only=decode_only,
+                book=book,
             )
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)

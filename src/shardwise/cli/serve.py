@@ -34,6 +34,7 @@ from shardwise.cli.app import (
     with_profile,
     workloads_of,
 )
+from shardwise.cost.book import PriceBook
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.rank import Objective
 from shardwise.decide.theory import SCREEN_LEVELS
@@ -91,11 +92,12 @@ def simulate(
     if setup.layout is None or not setup.valid:
         reason = setup.rejections[0].reason if setup.rejections else "the command describes no layout"
         raise SpecError(f"this setup would not start: {reason}")
-    memory = memory_ledger(checked.model, setup.layout, cluster_spec)
+    book = PriceBook()  # one price book for the simulation
+    memory = memory_ledger(checked.model, setup.layout, cluster_spec, book=book)
     if memory.verdict != "ok":
         raise SpecError(f"this setup would not start: {memory.reason or memory.verdict}")
     acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
-    steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance)
+    steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance, book=book)
     workloads, input_lengths, output_lengths, pairs = workloads_of(
         setup.engine,
         concurrency=concurrency,
@@ -113,8 +115,8 @@ def simulate(
     if acceptance is not None:  # the same command without drafting, to say what speculative decoding gains
         plain = check_command(without_speculative(ctx.args), cluster=cluster_spec, model=model, version=engine_version)
         assert plain.setup.layout is not None
-        plain_memory = memory_ledger(plain.model, plain.setup.layout, cluster_spec)
-        runs.append((StepTimes(plain.model, plain.setup.layout, cluster_spec), plain_memory))
+        plain_memory = memory_ledger(plain.model, plain.setup.layout, cluster_spec, book=book)
+        runs.append((StepTimes(plain.model, plain.setup.layout, cluster_spec, book=book), plain_memory))
     results: list[list[ServeResult]] = [[] for _ in runs]
     with report_simulation.progress_bar(num_prompts * len(workloads) * len(runs), label="simulating") as update:
         for n, (workload, (run_steps, run_memory)) in enumerate(itertools.product(workloads, runs)):

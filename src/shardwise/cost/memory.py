@@ -23,6 +23,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from pydantic import Field
 
+from shardwise.cost.book import PriceBook
 from shardwise.cost.kv_blocks import request_groups, stage_blocks, stage_tensors
 from shardwise.engines.layout import (
     EngineOptions,
@@ -37,7 +38,6 @@ from shardwise.engines.layout import (
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import runtime
-from shardwise.memo import Memo
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.drafter import load_drafter
 from shardwise.spec.model import ModelSpec
@@ -184,50 +184,49 @@ class MemoryLedger(Frozen):
         return per_rank * self.ranks
 
 
-_PROFILES = Memo(16)  # per model, whether MTP layers draft: its weight profile
+Profile = dict[tuple[str, str], tuple[Weight, list[float]]]
 
 
-def _weight_profile(model: ModelSpec, *, mtp: bool) -> dict[tuple[str, str], tuple[Weight, list[float]]]:
+def _weight_profile(model: ModelSpec, *, mtp: bool) -> Profile:
     """Bytes of each (component, role) by position: one slot per decoder layer, then one for what the first
-    stage holds (embeddings, vision tower) and one for what the last holds (lm_head, final norm, MTP layers).
-    Remembered per model: every layout splits the same tensors."""
-
-    def profiled() -> dict[tuple[str, str], tuple[Weight, list[float]]]:
-        weights = model_weights(model) + (model_weights(model, mtp=True) if mtp else [])
-        n = model.num_layers
-        profile: dict[tuple[str, str], tuple[Weight, list[float]]] = {}
-        for w in weights:
-            if w.layer is None or w.layer >= n:
-                slot = n if w.role in ("embedding", "vision") else n + 1
-            else:
-                slot = w.layer
-            entry = profile.setdefault((w.component, w.role), (w, [0.0] * (n + 2)))
-            entry[1][slot] += w.bytes
-        return profile
-
-    return _PROFILES.get((model,), mtp, profiled)
+    stage holds (embeddings, vision tower) and one for what the last holds (lm_head, final norm, MTP layers)."""
+    weights = model_weights(model) + (model_weights(model, mtp=True) if mtp else [])
+    n = model.num_layers
+    profile: Profile = {}
+    for w in weights:
+        if w.layer is None or w.layer >= n:
+            slot = n if w.role in ("embedding", "vision") else n + 1
+        else:
+            slot = w.layer
+        entry = profile.setdefault((w.component, w.role), (w, [0.0] * (n + 2)))
+        entry[1][slot] += w.bytes
+    return profile
 
 
-_STAGE_WEIGHTS = Memo(256)  # per model, drafter and how a layout splits the weights: their bytes per stage
-
-
-def _stage_weights(model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None) -> tuple[dict[str, float], ...]:
-    """Bytes per component on one GPU of each stage (shared: read them, do not change them). Remembered by all they
-    read: the pipeline, how each tensor is split (`weight_split`) and whether the MTP layers draft; a search sizes
-    each structure with CUDA graphs off, the memory fraction raised and so on, and many structures split alike."""
+def _stage_weights(
+    book: PriceBook, model: ModelSpec, layout: Layout, drafter: ModelSpec | None = None
+) -> tuple[dict[str, float], ...]:
+    """Bytes per component on one GPU of each stage (read them, do not change them), kept in the book by all they
+    read: the pipeline, how each tensor is split (`weight_split`) and whether the MTP layers draft (every layout
+    splits the same tensors; a search sizes each structure with several option sets, and many split alike)."""
     spec = layout.options.spec
     mtp = bool(spec and spec.kind == "eagle" and model.num_mtp_layers)
     key = (mtp, layout.pp, layout.pp_extra_layers, weight_split(layout))
-    return _STAGE_WEIGHTS.get((model, drafter), key, lambda: tuple(_weights_per_stage(model, layout, drafter, mtp)))
+
+    def split() -> tuple[dict[str, float], ...]:
+        profile = book.weight_profiles.get((model,), mtp, lambda: _weight_profile(model, mtp=mtp))
+        return tuple(_weights_per_stage(model, layout, drafter, profile))
+
+    return book.stage_weights.get((model, drafter), key, split)
 
 
 def _weights_per_stage(
-    model: ModelSpec, layout: Layout, drafter: ModelSpec | None, mtp: bool
+    model: ModelSpec, layout: Layout, drafter: ModelSpec | None, profile: Profile
 ) -> list[dict[str, float]]:
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
     stages: list[dict[str, float]] = [{} for _ in ranges]
     n = model.num_layers
-    for (component, _), (rep, slots) in _weight_profile(model, mtp=mtp).items():
+    for (component, _), (rep, slots) in profile.items():
         ways = weight_ways(rep, layout, model)
         for stage, r in enumerate(ranges):
             share = sum(slots[r.start : r.stop]) + (slots[n] if stage == 0 else 0.0)
@@ -276,12 +275,9 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
     return cell + (cell * max(1, model.num_mtp_layers) / model.num_layers if mtp else 0.0)
 
 
-_CELLS = Memo(256)  # per model (as its KV cache stores it), the cache bytes of a token and the KV tensors per stage
-
-
-def _stage_cells(model: ModelSpec, layout: Layout) -> tuple[list[float], list[int]]:
-    """`kv_bytes_per_token` and `stage_tensors` of each stage's layers, remembered by what they read of the layout
-    (a search sizes each structure's KV cache with several option sets)."""
+def _stage_cells(book: PriceBook, model: ModelSpec, layout: Layout) -> tuple[list[float], list[int]]:
+    """`kv_bytes_per_token` and `stage_tensors` of each stage's layers, kept in the book by what they read of the
+    layout (a search sizes each structure's KV cache with several option sets)."""
     opts = layout.options
     key = (layout.pp, layout.pp_extra_layers, layout.attn_tp, layout.dcp, opts.spec, opts.window_pool, opts.window_kv)
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
@@ -290,7 +286,7 @@ def _stage_cells(model: ModelSpec, layout: Layout) -> tuple[list[float], list[in
         cells = tuple(kv_bytes_per_token(model, layout, r) for r in ranges)
         return cells, tuple(stage_tensors(model, layout, r) for r in ranges)
 
-    cells, tensors = _CELLS.get((model,), key, sized)
+    cells, tensors = book.cells.get((model,), key, sized)
     return list(cells), list(tensors)
 
 
@@ -327,13 +323,17 @@ def runtime_bytes(layout: Layout, cluster: ClusterSpec) -> float:
     return total
 
 
-def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> MemoryLedger:
-    """The memory of every GPU of `layout` on `cluster`, the KV pool the engine sizes, and the verdict."""
+def memory_ledger(
+    model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, book: PriceBook | None = None
+) -> MemoryLedger:
+    """The memory of every GPU of `layout` on `cluster`, the KV pool the engine sizes, and the verdict. `book`: the
+    price book of the search or check (default one of its own)."""
+    book = book or PriceBook()
     opts = layout.options
     weights_of, model = model, with_kv_dtype(model, layout)  # the weights are the same whatever the KV cache stores
     capacity = cluster.gpu.memory_bytes
     drafter, draft_warning = _drafter(model, layout)
-    stage_components = _stage_weights(weights_of, layout, drafter)
+    stage_components = _stage_weights(book, weights_of, layout, drafter)
     stage_weights = [sum(c.values()) for c in stage_components]
     rt = runtime_bytes(layout, cluster)
     vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
@@ -346,14 +346,14 @@ def memory_ledger(model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> Mem
     graphs = activation_bytes(model, layout, graph_batch, sampled=graph_batch) if opts.cuda_graph else 0.0
     kv_per_stage = _stage_budgets(layout, capacity, stage_weights, rt=rt, act=act, graphs=graphs, vlm_cache=vlm_cache)
     kv = max(0.0, min(kv_per_stage))
-    cells, tensors = _stage_cells(model, layout)
+    cells, tensors = _stage_cells(book, model, layout)
     if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
         cells = [c + kv_bytes_per_token(drafter, layout, range(drafter.num_layers)) for c in cells]
     pools = [max(0.0, p) for p in kv_per_stage] if opts.kv_pool_per_stage else [kv] * layout.pp
     rows, tokens, window_pool_tokens = _pool_tokens(layout, pools, cells, tensors)
     held_back = opts.kv_null_blocks * (opts.page_size or 1) * layout.dcp if tokens else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
-    gpu_stages, firsts = _gpu_stages(layout)
+    gpu_stages, firsts = _gpu_stages(book, layout)
     window_tokens, groups = _window_kept(model, layout)
     verdict, reason, error = _verdict(
         layout,
@@ -538,12 +538,9 @@ def _total_share_pool(
     return pool - act
 
 
-_GPU_STAGES = Memo(4096)  # per stage groups, each GPU's stage and each stage's first GPU
-
-
-def _gpu_stages(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The stage of every GPU in GPU order, and each stage's first GPU: remembered beside the layout's stage groups
-    (which are remembered by the degrees they follow from, the pipeline's included)."""
+def _gpu_stages(book: PriceBook, layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The stage of every GPU in GPU order, and each stage's first GPU: kept in the book beside the layout's stage
+    groups (which follow from the degrees, the pipeline's included)."""
     stages = groups(layout)["stage"]
 
     def placed() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -551,7 +548,7 @@ def _gpu_stages(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
         gpu_stages = tuple(stage_of[g] for g in sorted(stage_of))
         return gpu_stages, tuple(gpu_stages.index(s) for s in range(layout.pp))
 
-    return _GPU_STAGES.get((stages,), None, placed)
+    return book.gpu_stages.get((stages,), None, placed)
 
 
 Verdict = tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]  # verdict, reason, the engine's error

@@ -16,20 +16,20 @@ from functools import cached_property, partial
 from operator import attrgetter
 from typing import NamedTuple
 
+from shardwise.cost.book import ENTRIES, LayoutPrices, PriceBook
 from shardwise.cost.measured import MeasuredKernels
 from shardwise.cost.roofline import OpCost, collective_s, comm_cost, compute_cost, rates
 from shardwise.engines.layout import Layout, shape_key, with_kv_dtype
 from shardwise.hardware.load import overheads
-from shardwise.memo import Memo
 from shardwise.ops.build import (
     CommsPiece,
     LayerPiece,
+    OpKey,
     PieceKey,
     StepModel,
     comm_ops,
     layer_gemm_keys,
     layer_other_keys,
-    op_for,
     piece_op_keys,
 )
 from shardwise.ops.types import OpClass, Phase
@@ -39,30 +39,7 @@ from shardwise.spec.model import ModelSpec
 PARTS = ("compute", "memory", "comm", "launch", "host")
 # options that change what an op costs; the others size memory or decide how the host issues the kernels
 COST_OPTIONS = ("two_batch_overlap", "overlap_from_tokens", "eplb", "kv_cache_dtype")
-# distinct ops (and layers' pieces) whose costs one cluster and engine release remember (8x8 H100, both engines: 60,000)
-REMEMBERED_OPS = 200_000
-SHARED_LAYOUTS = 32  # layouts whose op costs are remembered at once (a search prices one structure at a time)
-
 _COST_OPTIONS = attrgetter(*COST_OPTIONS)
-_TABLES = Memo(SHARED_LAYOUTS)  # tables remembered across cost models, by what they follow from
-
-
-def _remembered(key: tuple, *objects: object) -> dict:
-    """A table remembered across cost models under `key` and the objects it follows from (least recently used
-    first out, SHARED_LAYOUTS at most)."""
-    return _TABLES.get(objects, key, dict)
-
-
-def _shared_comm(cluster: ClusterSpec) -> dict[tuple, float]:
-    """Collective times on one cluster, by (collective, size, how its group spans the cluster, implementation): every
-    layout of a search asks for the same few."""
-    return _remembered(("comm",), cluster)
-
-
-def _shared_costs(model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables: bool) -> dict:
-    """The op costs of one layout's steps, by step: shared by every layout with the same ops (a search prices the
-    same structure with the memory fraction raised, CUDA graphs off, other slot counts: the ops cost the same)."""
-    return _remembered(("ops", tables, shape_key(layout), _COST_OPTIONS(layout.options)), model, cluster)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,10 +185,17 @@ class StepCostModel:
     every op on the roofline (what the measured kernel tables change is then visible)."""
 
     def __init__(
-        self, step_model: StepModel, *, tables: bool = True, layout: Layout | None = None, costs: dict | None = None
+        self,
+        step_model: StepModel,
+        *,
+        tables: bool = True,
+        layout: Layout | None = None,
+        book: PriceBook | None = None,
+        prices: LayoutPrices | None = None,
     ) -> None:
         """`layout`: the layout whose host side is priced, where `step_model` is shared with layouts whose ops cost
-        the same (default its own); `costs`: their shared table, where the caller has it (`of`)."""
+        the same (default its own); `book`: the price book of the search or check (default one of its own);
+        `prices`: the tables of the layouts that share the ops, where the caller has them (`of`)."""
         self.step_model = step_model
         layout = self.layout = layout or step_model.layout
         self.cluster: ClusterSpec = step_model.cluster
@@ -229,26 +213,35 @@ class StepCostModel:
         self._scheduler_s = scheduler
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
-        self._costs = costs if costs is not None else _shared_costs(step_model.model, layout, self.cluster, tables)
-        pricer = self._costs.get("pricer")  # one for the layouts that share the table (their engine release too)
+        book = book or PriceBook()
+        self.prices = prices or _layout_prices(book, step_model.model, layout, self.cluster, tables)
+        pricer = self.prices.pricer  # one for the layouts that share the tables (their engine release too)
         if pricer is None or pricer.step_model is not step_model or pricer.tables is not tables:
-            pricer = self._costs["pricer"] = _Pricer(step_model, layout, tables)
+            pricer = self.prices.pricer = _Pricer(step_model, layout, tables, book)
         self._pricer, self.rates = pricer, pricer.rates
 
     @classmethod
-    def of(cls, model: ModelSpec, layout: Layout, cluster: ClusterSpec, *, tables: bool = True) -> StepCostModel:
-        """The cost model of `layout`, its step model shared with every layout whose ops cost the same."""
-        shared = _shared_costs(with_kv_dtype(model, layout), layout, cluster, tables)  # the table __init__ reads
-        step_model = shared.get("step model")
-        if step_model is None:
-            step_model = shared["step model"] = StepModel(model, layout, cluster)
-        return cls(step_model, tables=tables, layout=layout, costs=shared)
+    def of(
+        cls,
+        model: ModelSpec,
+        layout: Layout,
+        cluster: ClusterSpec,
+        *,
+        tables: bool = True,
+        book: PriceBook | None = None,
+    ) -> StepCostModel:
+        """The cost model of `layout`, its step model shared with every layout in `book` whose ops cost the same."""
+        book = book or PriceBook()
+        prices = _layout_prices(book, with_kv_dtype(model, layout), layout, cluster, tables)
+        if prices.step_model is None:
+            prices.step_model = StepModel(model, layout, cluster, book.ops)
+        return cls(prices.step_model, tables=tables, layout=layout, book=book, prices=prices)
 
     def step(self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0) -> StepCost:
         key, whole, figures = self._figures(phase, requests, new_tokens, context_tokens)
-        step = self._costs.get(("step", whole))
+        step = self.prices.steps.get(whole)
         if step is None:
-            step = self._costs[("step", whole)] = StepCost(
+            step = self.prices.steps[whole] = StepCost(
                 phase=phase,
                 requests=requests,
                 new_tokens=new_tokens,
@@ -266,39 +259,35 @@ class StepCostModel:
     def named_figures(
         self, *, phase: Phase, requests: int, new_tokens: int = 1, context_tokens: int = 0
     ) -> tuple[tuple, Figures]:
-        """`figures`, and a key that names them among the layouts that share this one's ops (`remembered`): equal keys,
+        """`figures`, and a key that names them among the layouts that share this one's ops (`prices`): equal keys,
         equal figures."""
         _, whole, figures = self._figures(phase, requests, new_tokens, context_tokens)
         return whole, figures
 
     def _figures(self, phase: Phase, requests: int, new_tokens: int, context: int) -> tuple[tuple, tuple, Figures]:
-        """(the key of the step's ops, the key of its figures, its figures): remembered for the layouts that share
-        the ops, by what the host side follows from besides the cluster."""
+        """(the key of the step's ops, the key of its figures, its figures): kept for the layouts that share the ops,
+        by what the host side follows from besides the cluster."""
         layout = self.layout
         # a step follows from the busiest attention-DP rank's requests (StepModel.pieces; the host's work likewise)
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         key = (phase.value, rank_batch, new_tokens, context)
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
         whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
-        figures = self._costs.get(whole)
+        prices = self.prices
+        figures = prices.figures.get(whole)
         if figures is None:
-            sums = self._costs.get(key)
+            sums = prices.sums.get(key)
             if sums is None:  # each piece priced once and counted as often as it runs: a step is linear in them
-                sums = self._costs[key] = self._stage_sums(phase, requests, new_tokens, context)
+                sums = prices.sums[key] = self._stage_sums(phase, requests, new_tokens, context)
             per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
             # stages with the same pieces have the same figures (but the first, where the scheduler's work is)
             classes = self.step_model.stage_classes(phase)
             alike = {c: self._stage(stage_sums, graphed) for c, stage_sums in sums.items() if c}
-            figures = self._costs[whole] = (
+            figures = prices.figures[whole] = (
                 self._stage(sums[0], graphed, per_request),
                 *[alike[c] for c in classes[1:]],
             )
         return key, whole, figures
-
-    def remembered(self, name: tuple) -> dict:
-        """A table kept with the costs of the layouts that share this one's ops, under `name`: what it holds must follow
-        from those ops, the cluster and the name alone."""
-        return self._costs.setdefault(("remembered", *name), {})
 
     def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> dict[int, PieceSums]:
         """The sums of each class of stages (`StepModel.stage_classes`), by its first stage: `_Piece.sums` times as
@@ -339,21 +328,27 @@ class StepCostModel:
         return StageFigures(gpu, host, gpu + waiting, (compute, memory, comm, launch, waiting))
 
 
-class _Pricer:
-    """Prices the pieces of the steps of the layouts that share one step model and cost table (`StepModel.pieces`), each
-    once, from the op costs, collective times and layer pieces every layout on the cluster shares. A step lists its
-    pieces through it when asked: it holds no step, so a step that holds it makes no reference cycle (a search lets go
-    of thousands of cost models and their tables)."""
+def _layout_prices(
+    book: PriceBook, model: ModelSpec, layout: Layout, cluster: ClusterSpec, tables: bool
+) -> LayoutPrices:
+    """The book's tables for the layouts whose ops cost the same as `layout`'s (`model` as its KV cache stores it): a
+    search prices the same structure with the memory fraction raised, CUDA graphs off, other slot counts."""
+    return book.layout_prices((model, cluster), (tables, shape_key(layout), _COST_OPTIONS(layout.options)))
 
-    def __init__(self, step_model: StepModel, layout: Layout, tables: bool) -> None:
+
+class _Pricer:
+    """Prices the pieces of the steps of the layouts that share one step model (`StepModel.pieces`), each once, from
+    the op costs, collective times and layer pieces every layout on the cluster shares (the book's). A step lists its
+    pieces through it when asked: it holds no step, so a step that holds it makes no reference cycle."""
+
+    def __init__(self, step_model: StepModel, layout: Layout, tables: bool, book: PriceBook) -> None:
         self.step_model, self.tables, cluster = step_model, tables, step_model.cluster
         self.cluster, self.rates = cluster, rates(cluster)
-        self._comm_times = _shared_comm(cluster)
-        self._comm_pieces = _remembered(("comm pieces",), cluster)
+        self._comm = book.comm_prices(cluster)
         self._measured = MeasuredKernels(cluster.gpu.name, layout.engine, layout.version, enabled=tables)
         self._listed: dict[tuple, tuple[tuple[int, int, _Piece], ...]] = {}  # each step's pieces, when asked
         # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
-        self._op_costs = _remembered(("op costs", layout.engine, layout.version, tables), cluster)
+        self._ops = book.op_prices(cluster, layout.engine, layout.version, tables)
 
     def listed(self, key: tuple, requests: int) -> tuple[tuple[int, int, _Piece], ...]:
         """Every piece of the step `key` names (see `step`), each priced once: shared by the layouts that share them."""
@@ -367,64 +362,65 @@ class _Pricer:
         return listed
 
     def piece(self, key: PieceKey) -> _Piece:
-        if type(key) is CommsPiece:  # its key holds all its time follows from: shared by every layout on the cluster
-            piece = self._comm_pieces.get(key)
-            if piece is None:
-                if len(self._comm_pieces) >= REMEMBERED_OPS:
-                    self._comm_pieces.clear()
-                piece = self._comm_pieces[key] = self._comms(key)
-            return piece
-        # a layer's, the embedding's or the head's: its key holds all its ops follow from (a layer's its inputs), so
-        # it is shared by every layout that runs it alike (beside the op costs: no op key is a piece key)
-        piece = self._op_costs.get(key)
+        """A piece's costs and sums: its key holds all they follow from, so it is priced once for every layout that
+        runs it alike (a stage's collectives for every layout on the cluster)."""
+        if type(key) is LayerPiece:
+            table, make = self._ops.layers, self._layer
+        elif type(key) is CommsPiece:
+            table, make = self._comm.pieces, self._comms
+        else:
+            table, make = self._ops.pieces, self._once
+        piece = table.get(key)
         if piece is None:
-            piece = self._op_costs[key] = (
-                self._layer(key) if type(key) is LayerPiece else _Piece(self._op_costs_of(key))
-            )
+            if len(table) >= ENTRIES:
+                table.clear()
+            piece = table[key] = make(key)
         return piece
 
     def _layer(self, key: LayerPiece) -> _Piece:
-        """A layer's piece: its GEMMs' costs and sums remembered for every layout that runs them alike (they follow
-        from the layer's matrices, the phase and the tokens alone), then its other ops added in their order."""
+        """A layer's piece: its GEMMs' costs and sums kept for every layout that runs them alike (they follow from the
+        layer's matrices, the phase and the tokens alone), then its other ops added in their order."""
         inputs, phase, rank_tokens, stage_tokens = key.inputs, key.phase, key.rank_tokens, key.stage_tokens
-        shared = ("gemms", inputs.gemms, inputs.gathered, inputs.dense_gathered, phase, rank_tokens, stage_tokens)
-        gemms = self._op_costs.get(shared)
+        shared = (inputs.gemms, inputs.gathered, inputs.dense_gathered, phase, rank_tokens, stage_tokens)
+        gemms = self._ops.gemm_sums.get(shared)
         if gemms is None:
-            costs = tuple(self._keyed_cost(k) for k in layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens))
-            gemms = self._op_costs[shared] = (costs, _added(costs, NO_SUMS))
-        costs, keyed = self._op_costs, self._keyed_cost
-        others = layer_other_keys(key)
-        rest = tuple(costs.get(k) or keyed(k) for k in others)
+            costs = tuple(self._cost(k) for k in layer_gemm_keys(inputs, phase, rank_tokens, stage_tokens))
+            gemms = self._ops.gemm_sums[shared] = (costs, _added(costs, NO_SUMS))
+        known, cost = self._ops.ops, self._cost
+        rest = tuple(known.get(k) or cost(k) for k in layer_other_keys(key))
         return _Piece(gemms[0] + rest, _added(rest, gemms[1]))
 
-    def _op_costs_of(self, key: PieceKey) -> tuple[OpCost, ...]:
-        """The costs of a piece's ops, each run once (a layer's, the embedding's and the head's by their ops' keys: no
-        op is built twice)."""
-        return tuple(self._keyed_cost(k) for k in piece_op_keys(key))
+    def _once(self, key: PieceKey) -> _Piece:
+        """The embedding's or the head's piece: its ops priced here (no other piece runs them)."""
+        return _Piece(tuple(self._priced(k) for k in piece_op_keys(key)))
 
-    def _keyed_cost(self, key: tuple) -> OpCost:
-        """The cost of the op `key` names (`op_for`): remembered by its key beside the ops remembered whole."""
-        cost = self._op_costs.get(key)
+    def _cost(self, key: OpKey) -> OpCost:
+        """The cost of the op `key` names, kept by its key."""
+        cost = self._ops.ops.get(key)
         if cost is None:
-            if len(self._op_costs) >= REMEMBERED_OPS:
-                self._op_costs.clear()
-            op = op_for(key)
-            cost = self._op_costs[key] = compute_cost(op, self.rates, self._measured.time(op))
+            if len(self._ops.ops) >= ENTRIES:
+                self._ops.ops.clear()
+            cost = self._ops.ops[key] = self._priced(key)
         return cost
+
+    def _priced(self, key: OpKey) -> OpCost:
+        op = key.op()
+        return compute_cost(op, self.rates, self._measured.time(op))
 
     def _comms(self, key: CommsPiece) -> _Piece:
         """A stage's collectives: summed from each collective's time (the ops and their costs listed when asked)."""
         comm, hidden, kernels = 0.0, 0.0, 0
-        times, cluster = self._comm_times, self.cluster
-        template, tokens = key.template, key.tokens
-        for _, op, per_token, source, group, span, impl, overlapped, count in template.entries:
-            size = per_token * tokens[source]
-            seconds = collective_s(cluster, op, size, group, impl, times, span)
-            if overlapped:
-                hidden += seconds * count
+        times, cluster = self._comm.times, self.cluster
+        tokens = key.tokens
+        for e in key.template.entries:
+            seconds = collective_s(
+                cluster, e.collective, e.bytes_per_token * tokens[e.sized_by], e.group, e.impl, times, e.span
+            )
+            if e.overlapped:
+                hidden += seconds * e.count
             else:
-                comm += seconds * count
-            kernels += count
+                comm += seconds * e.count
+            kernels += e.count
         # listed when asked, from the key alone: the piece is shared by every layout on the cluster
         return _Piece(
             sums=PieceSums(0.0, 0.0, 0.0, comm, hidden, kernels),

@@ -23,6 +23,7 @@ from functools import cached_property
 from itertools import combinations
 from typing import Any
 
+from shardwise.cost.book import PriceBook
 from shardwise.cost.memory import MemoryLedger, memory_ledger
 from shardwise.cost.step import StepCost
 from shardwise.engines.base import Engine, Setup, get_engine
@@ -37,12 +38,14 @@ from shardwise.spec.model import ModelSpec
 
 @dataclass(frozen=True)
 class SearchCase:
-    """What a search predicts for: the model, the cluster and the requests' lengths."""
+    """What a search predicts for: the model, the cluster and the requests' lengths; and the search's price book, which
+    the few setups a report explains are priced again from."""
 
     model: ModelSpec
     cluster: ClusterSpec
     isl: int
     osl: int
+    book: PriceBook = field(default_factory=PriceBook, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ class Candidate:
         """How each GPU's memory is used (a search keeps the ledgers of none of its thousands of setups; a report
         asks for a few, sized again as the search sized them)."""
         assert self.priced_by is not None, "a candidate without its ledger is sized from its search's model"
-        return memory_ledger(self.priced_by.model, self.layout, self.priced_by.cluster)
+        return memory_ledger(self.priced_by.model, self.layout, self.priced_by.cluster, book=self.priced_by.book)
 
     @cached_property
     def launch(self) -> tuple[str, ...]:
@@ -155,7 +158,8 @@ class Candidate:
         if self.priced_by is None or all(p.decode is not None for p in self.predictions):
             return tuple(self.at(c) for c in levels)
         w = self.priced_by
-        return tuple(Predictor(w.model, self.layout, w.cluster, self.memory).sweep(levels, isl=w.isl, osl=w.osl))
+        predictor = Predictor(w.model, self.layout, w.cluster, self.memory, book=w.book)
+        return tuple(predictor.sweep(levels, isl=w.isl, osl=w.osl))
 
     def step_at(self, concurrency: int) -> StepCost:
         """The decode step at one of its concurrencies, with its ops."""
@@ -196,6 +200,7 @@ class SearchResult:
     candidates: tuple[Candidate, ...]
     excluded: tuple[Excluded, ...]
     engines: tuple[str, ...] = field(default_factory=tuple)
+    book: PriceBook = field(default_factory=PriceBook, compare=False, repr=False)  # the search's, for what-ifs
 
 
 MAX_LEVEL = 65_536  # the most clients a saturating search goes to
@@ -208,6 +213,7 @@ class _Search:
         self.model, self.model_ref, self.cluster = model, model_ref, cluster
         self.isl, self.osl, self.concurrency = isl, osl, tuple(concurrency)
         self.case = SearchCase(model=model, cluster=cluster, isl=isl, osl=osl)
+        self.book = self.case.book
         self.candidates: list[Candidate] = []
         self.pending: list[tuple[Engine, Setup, MemoryLedger, Variant]] = []
         self.excluded: dict[str, Excluded] = {}
@@ -228,7 +234,7 @@ class _Search:
             self._exclude(engine.name, launch, None, "invalid", first.reason, first.engine_error, hand_tried)
             return
         layout = setup.layout
-        memory = memory_ledger(self.model, layout, self.cluster)
+        memory = memory_ledger(self.model, layout, self.cluster, book=self.book)
         if setup.gpus_used < self.cluster.num_gpus:
             why = f"starts on {setup.gpus_used} of the {self.cluster.num_gpus} GPUs"
             if memory.verdict != "ok":
@@ -256,7 +262,7 @@ class _Search:
                 variant = engine.setup({**given, **options}, model=self.model, cluster=self.cluster, version=version)
                 if not variant.valid or variant.layout is None:
                     continue
-                v_memory = memory_ledger(self.model, variant.layout, self.cluster)
+                v_memory = memory_ledger(self.model, variant.layout, self.cluster, book=self.book)
             named, options, variant, v_memory = self._with_shorter_context(
                 engine, named, {**given, **options}, variant, v_memory, version
             )
@@ -294,7 +300,7 @@ class _Search:
         shorter = engine.setup({**given, flag: need}, model=self.model, cluster=self.cluster, version=version)
         if not shorter.valid or shorter.layout is None:
             return named, given, setup, memory
-        ledger = memory_ledger(self.model, shorter.layout, self.cluster)
+        ledger = memory_ledger(self.model, shorter.layout, self.cluster, book=self.book)
         if ledger.verdict != "ok":
             return named, given, setup, memory
         return replace(named, max_model_len=need), {**given, flag: need}, shorter, ledger
@@ -304,7 +310,9 @@ class _Search:
     ) -> list[tuple[Variant, Setup, MemoryLedger]]:
         """The option set as the engine sizes it, and with the memory fraction raised (`raised_fraction`)."""
         out = [(named, setup, memory)]
-        raised = raised_fraction(engine, given, setup, memory, model=self.model, cluster=self.cluster, version=version)
+        raised = raised_fraction(
+            engine, given, setup, memory, model=self.model, cluster=self.cluster, version=version, book=self.book
+        )
         if raised is not None:
             fraction, higher, ledger = raised
             out.append((replace(named, memory_fraction=fraction), higher, ledger))
@@ -359,7 +367,7 @@ class _Search:
             held = shared.get(costs)
             if held is None:
                 shared.clear()  # variants of one layout are considered together
-                held = shared[costs] = (StepTimes(self.model, setup.layout, self.cluster), {})
+                held = shared[costs] = (StepTimes(self.model, setup.layout, self.cluster, book=self.book), {})
             predictor = Predictor(self.model, setup.layout, self.cluster, memory, steps=held[0], shared=held[1])
             # the figures only: each decode step's ops are priced again for the few setups a report explains
             predictions = predictor.figures(self.concurrency, isl=self.isl, osl=self.osl)
@@ -415,6 +423,7 @@ def raised_fraction(
     model: ModelSpec,
     cluster: ClusterSpec,
     version: Any,
+    book: PriceBook | None = None,
 ) -> tuple[float, Setup, MemoryLedger] | None:
     """The memory fraction raised to the largest value that leaves every GPU its activation peak and CUDA graphs
     (floored to 0.01), with the setup of `given` at it and its ledger; None unless the engine has such a flag, the
@@ -430,7 +439,7 @@ def raised_fraction(
     higher = engine.setup({**given, flag: raised}, model=model, cluster=cluster, version=version)
     if not higher.valid or higher.layout is None:
         return None
-    return raised, higher, memory_ledger(model, higher.layout, cluster)
+    return raised, higher, memory_ledger(model, higher.layout, cluster, book=book)
 
 
 def _option_sets(engine: Engine, given: dict[str, Any]) -> list[tuple[Variant, dict[str, Any]]]:
@@ -483,4 +492,5 @@ def search(
         candidates=tuple(state.candidates),
         excluded=tuple(state.excluded.values()),
         engines=tuple(engines),
+        book=state.book,
     )

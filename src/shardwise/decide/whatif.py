@@ -74,10 +74,10 @@ def _with_options(
     )
     if not setup.valid or setup.layout is None:
         return f"the engine refuses it: {setup.rejections[0].reason}"
-    memory = memory_ledger(result.model, setup.layout, result.cluster)
+    memory = memory_ledger(result.model, setup.layout, result.cluster, book=result.book)
     if memory.max_concurrency(isl=result.isl, osl=result.osl) < 1:
         return f"it leaves no KV room for one request{': ' + memory.reason if memory.reason else ''}"
-    predictor = Predictor(result.model, setup.layout, result.cluster, memory, accept_length=accept)
+    predictor = Predictor(result.model, setup.layout, result.cluster, memory, accept_length=accept, book=result.book)
     return setup, predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl)
 
 
@@ -142,7 +142,7 @@ def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | Non
     best, best_name = 0.0, None
     for score in ranking.scores[:REPREDICTED]:
         c = score.candidate
-        predictor = Predictor(result.model, c.layout, linked, c.memory)
+        predictor = Predictor(result.model, c.layout, linked, c.memory, book=result.book)
         peak = max(p.output_tok_s for p in predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl))
         if peak > best:
             best, best_name = peak, c.name

@@ -41,7 +41,12 @@ FUSED = {
 }
 ROW_PARALLEL = ("o_proj", "down_proj", "out_proj")  # split along their input under tensor parallelism
 _PHASES = {p.value: p for p in Phase}
-_SIZED_BY = ("rank", "stage", "cached", "sampled")  # the tokens a collective is sized by, as a comms key lists them
+SIZED_BY = (
+    "rank",
+    "stage",
+    "cached",
+    "sampled",
+)  # the tokens a collective is sized by, as `CommsPiece.tokens` lists them
 
 
 @dataclass(frozen=True)
@@ -115,10 +120,6 @@ def _gemms(w: Weight, ways: float, fused: dict[tuple, int]) -> tuple[GemmShape, 
     return (GemmShape(weight_format=fmt, n=width, k=k, share=n / width),)
 
 
-_REPRESENTATIVE = Memo(16)  # per model, the tensors a step model reads
-_SPLITS = Memo(256)  # per model and weight split, the weights as one GPU holds them
-
-
 def _first_layers(model: ModelSpec) -> dict[tuple[str, str], int]:
     """The first layer of each layer kind."""
     first: dict[tuple[str, str], int] = {}
@@ -128,14 +129,9 @@ def _first_layers(model: ModelSpec) -> dict[tuple[str, str], int]:
 
 
 def _representative_weights(model: ModelSpec) -> tuple[Weight, ...]:
-    """The tensors a step model reads: those of the first layer of each kind, and lm_head / embeddings.
-    Remembered per model (every layout reads the same ones)."""
-
-    def read() -> tuple[Weight, ...]:
-        layers = set(_first_layers(model).values())
-        return tuple(w for w in model_weights(model) if w.layer in layers or w.role in ("lm_head", "embedding"))
-
-    return _REPRESENTATIVE.get((model,), None, read)
+    """The tensors a step model reads: those of the first layer of each kind, and lm_head / embeddings."""
+    layers = set(_first_layers(model).values())
+    return tuple(w for w in model_weights(model) if w.layer in layers or w.role in ("lm_head", "embedding"))
 
 
 def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
@@ -216,33 +212,61 @@ class LayerInputs:
         object.__setattr__(self, "elementwise", (6 if self.model.attention.kind == "mla" else 4) + moe)
 
 
-_KINDS = Memo(256)  # per model, pipeline and where its extra layers go: each stage's layer kinds
+StageKinds = tuple[tuple[Counter[tuple[str, str]], ...], tuple[bool, ...]]
 
 
-def _stage_kinds(
-    model: ModelSpec, pp: int, extra: str
-) -> tuple[tuple[Counter[tuple[str, str]], ...], tuple[bool, ...]]:
-    """Each stage's layer kinds, counted, and whether it runs MoE layers (shared: read them, do not change them)."""
-
-    def counted() -> tuple[tuple[Counter[tuple[str, str]], ...], tuple[bool, ...]]:
-        kinds = tuple(Counter(_kind(model, i) for i in r) for r in stage_layers(model.num_layers, pp, extra))
-        return kinds, tuple(any(mlp == "moe" for _, mlp in k) for k in kinds)
-
-    return _KINDS.get((model,), (pp, extra), counted)
+def _stage_kinds(model: ModelSpec, pp: int, extra: str) -> StageKinds:
+    """Each stage's layer kinds, counted, and whether it runs MoE layers."""
+    kinds = tuple(Counter(_kind(model, i) for i in r) for r in stage_layers(model.num_layers, pp, extra))
+    return kinds, tuple(any(mlp == "moe" for _, mlp in k) for k in kinds)
 
 
-_COMM_PLANS = Memo(64)  # per model, cluster, groups: templates, stage classes, shapes (a structure's twins at a time)
-_PLACED = Memo(4096)  # per groups and cluster, each collective's GPUs and span (64 GPUs: a thousand sets of groups)
-_INTERNED = Memo(16_384)  # op inputs, templates and spans, under their model or cluster (64 GPUs: a few thousand)
+class OpBook:
+    """What the step models of one search (or one check) build once and share: the weights as each split holds them,
+    each stage's layer kinds, the interned inputs of ops, collective templates and where their groups sit. Made by the
+    caller that prices (`cost.book.PriceBook`) and let go with it. The tables are bounded (least recently used first
+    out) so that a search over 64 GPUs holds a few thousand entries of each."""
 
+    def __init__(self) -> None:
+        self._weights = Memo(16)  # per model: the tensors a step model reads
+        self._splits = Memo(256)  # per model and weight split: the weights as one GPU holds them
+        self._kinds = Memo(256)  # per model, pipeline and where its extra layers go: each stage's layer kinds
+        self.plans = Memo(64)  # per model, cluster, groups: `_CommPlan`s
+        self.placed = Memo(4096)  # per groups and cluster: each collective's GPUs and span
+        self._interned = Memo(16_384)  # op inputs, templates and spans, under their model or cluster
 
-def _interned(cls: type, model: ModelSpec, *fields: object) -> Any:
-    """The one object of `cls` with these fields: op inputs are interned, so an op key that holds them hashes and
-    compares by identity, and layouts that run the same op share its key (and so its cost)."""
-    return _INTERNED.get((model,), (cls, *fields), lambda: cls(model, *fields))
+    def split_weights(self, model: ModelSpec, layout: Layout) -> _Split:
+        """`_read_weights` for the layouts that split the weights alike (`weight_split` reads no other degree)."""
+        read = self._weights.get((model,), None, lambda: _representative_weights(model))
+        return self._splits.get((model,), weight_split(layout), lambda: _read_weights(model, layout, read))
+
+    def stage_kinds(self, model: ModelSpec, pp: int, extra: str) -> StageKinds:
+        """`_stage_kinds` (read them, do not change them)."""
+        return self._kinds.get((model,), (pp, extra), lambda: _stage_kinds(model, pp, extra))
+
+    def interned(self, cls: type, model: ModelSpec, *fields: object) -> Any:
+        """The one object of `cls` with these fields: op inputs are interned, so an op key that holds them hashes and
+        compares by identity, and layouts that run the same op share its key (and so its cost)."""
+        return self._interned.get((model,), (cls, *fields), lambda: cls(model, *fields))
+
+    def gemm_inputs(self, model: ModelSpec, matrices: list[_Matrix]) -> tuple[GemmInputs, ...]:
+        """The interned GEMM inputs of one weight split's list of matrices."""
+        return self._interned.get(
+            (model, matrices), "gemms", lambda: tuple(self.interned(GemmInputs, model, m) for m in matrices)
+        )
+
+    def span(self, cluster: ClusterSpec, group: tuple[int, ...]) -> Span:
+        """`cluster.span(group)`: the layouts of a search ask for the same groups."""
+        return self._interned.get((cluster,), ("span", group), lambda: cluster.span(group))
+
+    def comm_template(self, cluster: ClusterSpec, entries: list[CommEntry]) -> CommTemplate:
+        """The one template of these collectives, interned by all but their groups' GPU ids."""
+        key = ("template", *(e.unplaced() for e in entries))
+        return self._interned.get((cluster,), key, lambda: CommTemplate(cluster, tuple(entries)))
 
 
 def layer_inputs(
+    book: OpBook,
     model: ModelSpec,
     kind: tuple[str, str],
     matrices: list[_Matrix],
@@ -254,63 +278,58 @@ def layer_inputs(
     """The interned inputs of one layer kind's ops under `layout` (`model` as its KV cache stores it; `weights` the
     model its GEMMs and experts are interned under, default `model`: what the KV cache stores changes neither)."""
     weights = weights or model
-    # the same list of matrices (one weight split's, `_split_weights`) gives the same GEMMs: interned once per list
-    gemms = _INTERNED.get(
-        (weights, matrices), "gemms", lambda: tuple(_interned(GemmInputs, weights, m) for m in matrices)
-    )
-    attention = _interned(AttentionInputs, model, kind[0], layout.attn_tp, layout.dcp)
+    gemms = book.gemm_inputs(weights, matrices)
+    attention = book.interned(AttentionInputs, model, kind[0], layout.attn_tp, layout.dcp)
     routed = (
         None
         if experts is None
-        else _interned(ExpertInputs, weights, experts, layout.moe_ep, layout.moe_tp, layout.options.eplb)
+        else book.interned(ExpertInputs, weights, experts, layout.moe_ep, layout.moe_tp, layout.options.eplb)
     )
     gathered = layout.attn_dp > 1 and layout.moe_comm != "all2all"
-    return _interned(
-        LayerInputs, model, kind, gemms, attention, routed, gathered, layout.attn_dp > 1 and layout.dense_tp > 1
-    )
+    dense_gathered = layout.attn_dp > 1 and layout.dense_tp > 1
+    return book.interned(LayerInputs, model, kind, gemms, attention, routed, gathered, dense_gathered)
+
+
+class CommEntry(NamedTuple):
+    """One collective of a stage's template: where it runs, what it moves per token of `sized_by` (the tokens it is
+    sized by, their place in `SIZED_BY`), one group that runs it and how that group spans the cluster."""
+
+    where: str
+    collective: Collective
+    bytes_per_token: float
+    sized_by: int
+    group: tuple[int, ...]
+    span: Span
+    impl: str
+    overlapped: bool  # hidden by two-batch overlap
+    count: int  # times run
+
+    def unplaced(self) -> tuple:
+        """All but the group's GPU ids: what the link model reads of the collective."""
+        return (*self[:4], *self[5:])
 
 
 @dataclass(frozen=True, eq=False)
 class CommTemplate:
-    """A stage's collectives in one phase, as (where, collective, bytes per token, the tokens it is sized by (their
-    place in `_SIZED_BY`), one group that runs it, how that group spans the cluster, implementation, hidden by
-    two-batch overlap, times run). Interned by everything but the group's GPU ids: the link model reads a group only
-    through its span, so stages and layouts whose collectives differ only in which GPUs run them share one template
-    (and so the time of its collectives)."""
+    """A stage's collectives in one phase. Interned by everything but the groups' GPU ids (`CommEntry.unplaced`): the
+    link model reads a group only through its span, so stages and layouts whose collectives differ only in which GPUs
+    run them share one template (and so the time of its collectives)."""
 
     cluster: ClusterSpec
-    entries: tuple[tuple, ...]
-
-
-def _span(cluster: ClusterSpec, group: tuple[int, ...]) -> Span:
-    """`cluster.span(group)`, remembered: the layouts of a search ask for the same groups."""
-    return _INTERNED.get((cluster,), ("span", group), lambda: cluster.span(group))
-
-
-def _comm_template(cluster: ClusterSpec, entries: list[tuple]) -> CommTemplate:
-    """The one template of these collectives, interned by all but their groups' GPU ids."""
-    key = ("template", *(e[:4] + e[5:] for e in entries))
-    return _INTERNED.get((cluster,), key, lambda: CommTemplate(cluster, tuple(entries)))
+    entries: tuple[CommEntry, ...]
 
 
 # per layer kind its GEMM matrices, per layer kind its routed experts, and lm_head: as one GPU holds them
 _Split = tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], _Matrix]
 
 
-def _split_weights(model: ModelSpec, layout: Layout) -> _Split:
-    """`_read_weights`, remembered for the layouts that split the weights alike (`weight_split`: it reads no other
-    degree; whatever their pipeline, data parallelism or KV cache)."""
-    return _SPLITS.get((model,), weight_split(layout), lambda: _read_weights(model, layout))
-
-
-def _read_weights(model: ModelSpec, layout: Layout) -> _Split:
+def _read_weights(model: ModelSpec, layout: Layout, weights: tuple[Weight, ...]) -> _Split:
     """Per layer kind: its GEMM matrices on one GPU; its routed experts (bytes of ONE expert, one GPU's
-    slice); and the lm_head bytes on one GPU."""
+    slice); and the lm_head bytes on one GPU. `weights`: the tensors a step model reads (`_representative_weights`)."""
     first = _first_layers(model)
     by_layer: dict[int, dict[str, _Matrix]] = {layer: {} for layer in first.values()}
     experts: dict[tuple[str, str], _Matrix] = {}
     head = _Matrix("lm_head", 0.0, 0.0, "bf16")
-    weights = _representative_weights(model)
     fused = _fused_widths(weights, layout, model)
     for w in weights:
         ways = weight_ways(w, layout, model)
@@ -357,7 +376,7 @@ class LayerPiece(NamedTuple):
 
 
 class CommsPiece(NamedTuple):
-    """A stage's collectives in one part of a step (`StepModel.comm_template`), sized by the tokens `_SIZED_BY`
+    """A stage's collectives in one part of a step (`StepModel.comm_template`), sized by the tokens `SIZED_BY`
     names."""
 
     template: CommTemplate
@@ -370,7 +389,7 @@ class CommsPiece(NamedTuple):
 
     @property
     def tokens(self) -> tuple[int, int, int, int]:
-        """The tokens a template entry's `source` indexes, in `_SIZED_BY` order."""
+        """The tokens a template entry's `source` indexes, in `SIZED_BY` order."""
         return self.rank_tokens, self.stage_tokens, self.cached_tokens, self.sampled
 
 
@@ -408,38 +427,45 @@ _EMBEDDING, _HEAD = "embedding", "head"  # the slots of the once-a-step pieces
 Slot = _LayerSlot | _CommsSlot | str
 
 
-class StepModel:
-    """A layout's step, ready to be listed for any batch."""
+class _CommPlan:
+    """What follows from a step model's collectives, its stages' layers and its groups alone, shared by the step models
+    that have them all alike (a structure's with another KV cache dtype): per (stage, phase, part) the interned
+    template and the stage's own collectives (its own groups); per phase the stage classes; the pieces' shapes."""
 
-    def __init__(self, model: ModelSpec, layout: Layout, cluster: ClusterSpec) -> None:
+    __slots__ = ("classes", "shapes", "templates")
+
+    def __init__(self) -> None:
+        self.templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[CommEntry, ...]]] = {}
+        self.classes: dict[Phase, tuple[int, ...]] = {}
+        self.shapes: dict[tuple[str, bool, tuple[int, ...] | None], tuple[Shape, tuple[Slot, ...]]] = {}
+
+
+class StepModel:
+    """A layout's step, ready to be listed for any batch. `book`: what the step models of one search share (default
+    a book of its own)."""
+
+    def __init__(self, model: ModelSpec, layout: Layout, cluster: ClusterSpec, book: OpBook | None = None) -> None:
+        book = self._book = book or OpBook()
         self.model, self.layout, self.cluster = with_kv_dtype(model, layout), layout, cluster
         self._groups = groups(layout)
         # per (group, its size, stage): the GPUs that run a collective there and how they span the cluster, shared by
         # the layouts with these groups (their GPU ids follow from the degrees that name them)
-        self._placed: dict[tuple[str, int, int], tuple[tuple[int, ...], Span]] = _PLACED.get(
+        self._placed: dict[tuple[str, int, int], tuple[tuple[int, ...], Span]] = book.placed.get(
             (self._groups, cluster), None, dict
         )
-        self._stage_kinds, self._moe_kinds = _stage_kinds(self.model, layout.pp, layout.pp_extra_layers)
-        matrices, experts, head = _split_weights(model, layout)
+        self._stage_kinds, self._moe_kinds = book.stage_kinds(self.model, layout.pp, layout.pp_extra_layers)
+        matrices, experts, head = book.split_weights(model, layout)
         # the weights' ops are the same whatever the KV cache stores: interned under the model as given, so the setups
         # of a structure with another KV cache dtype share their GEMMs', experts' and head's costs
-        self._head = _interned(HeadInputs, model, head, layout.lm_head_tp)
+        self._head = book.interned(HeadInputs, model, head, layout.lm_head_tp)
         self._layers = {
-            kind: layer_inputs(self.model, kind, mats, experts.get(kind), layout, weights=model)
+            kind: layer_inputs(book, self.model, kind, mats, experts.get(kind), layout, weights=model)
             for kind, mats in matrices.items()
         }
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
-        # what follows from the collectives, the stages' layers and the groups alone, shared by the step models that
-        # have them all alike (a structure's with another KV cache dtype): per (stage, phase, part) the interned
-        # template and the stage's own collectives (its own groups); per phase the stage classes; the pieces' shapes
         plan = (tuple(self._comm), layout.pp, layout.pp_extra_layers, self._ar_impl, layout.options.two_batch_overlap)
-        self._comm_templates: dict[tuple[int, str, str], tuple[CommTemplate | None, tuple[tuple, ...]]]
-        self._classes: dict[Phase, tuple[int, ...]]
-        self._shapes: dict[tuple, tuple[Shape, tuple[tuple, ...]]]
-        self._comm_templates, self._classes, self._shapes = _COMM_PLANS.get(
-            (model, cluster, self._groups), plan, lambda: ({}, {}, {})
-        )
+        self._plan: _CommPlan = book.plans.get((model, cluster, self._groups), plan, _CommPlan)
         self._firsts: dict[Phase, tuple[int, ...]] = {}
 
     # --- set-up --------------------------------------------------------------------------------------
@@ -507,7 +533,7 @@ class StepModel:
     def _shape(self, phase: str, split: bool, stages: tuple[int, ...] | None) -> tuple[Shape, tuple[Slot, ...]]:
         """The pieces of a step of `phase` on `stages` (None: all) as (stage, times run, slot), and the slots: a layer
         kind, a stage's collectives in one part, the embedding, the head."""
-        made = self._shapes.get((phase, split, stages))
+        made = self._plan.shapes.get((phase, split, stages))
         if made is not None:
             return made
         shape: list[tuple[int, int, int]] = []
@@ -534,13 +560,13 @@ class StepModel:
             add(0, 1, _EMBEDDING)
         if stages is None or self.layout.pp - 1 in stages:
             add(self.layout.pp - 1, 1, _HEAD)
-        made = self._shapes[(phase, split, stages)] = (tuple(shape), tuple(slots))
+        made = self._plan.shapes[(phase, split, stages)] = (tuple(shape), tuple(slots))
         return made
 
     def stage_classes(self, phase: Phase) -> tuple[int, ...]:
         """Per stage, the first stage whose pieces are the same in every step of `phase` (the same layers in the same
         order, the same collectives' template in each part, and neither first nor last): its sums are that stage's."""
-        made = self._classes.get(phase)
+        made = self._plan.classes.get(phase)
         if made is None:
             parts = ("all", "halved", "whole") if self.layout.options.two_batch_overlap else ("all",)
             last, first = self.layout.pp - 1, {}
@@ -553,7 +579,7 @@ class StepModel:
                     *(self._stage_comms(stage, phase.value, part)[0] for part in parts),
                 )
                 classes.append(first.setdefault(alike, stage))
-            made = self._classes[phase] = tuple(classes)
+            made = self._plan.classes[phase] = tuple(classes)
         return made
 
     def class_firsts(self, phase: Phase) -> tuple[int, ...]:
@@ -569,7 +595,7 @@ class StepModel:
         own groups."""
         if type(key) is CommsPiece:
             return comm_ops(key)
-        return tuple(op_for(k) for k in piece_op_keys(key))
+        return tuple(k.op() for k in piece_op_keys(key))
 
     def ops(self, *, phase: Phase, requests: int, new_tokens: int, context_tokens: int) -> list[Op]:
         """Ops of one step where `requests` requests each add `new_tokens` tokens (1 in decode, a chunk in
@@ -578,7 +604,7 @@ class StepModel:
         for p in self.pieces(phase=phase, requests=requests, new_tokens=new_tokens, context_tokens=context_tokens):
             if type(p.key) is CommsPiece:  # the stage's own groups
                 key = p.key
-                ops = _comm_ops(_calls(self._stage_comms(p.stage, key.phase, key.part)[1], key.tokens))
+                ops = _comm_ops(self._stage_comms(p.stage, key.phase, key.part)[1], key.tokens)
             else:
                 ops = self.piece_ops(p.key)
             out += [replace(op, stage=p.stage, count=op.count * p.count) for op in ops]
@@ -594,10 +620,11 @@ class StepModel:
         others, with the once-a-step collectives and the hand-offs."""
         return self._stage_comms(stage, phase, part)[0]
 
-    def _stage_comms(self, stage: int, phase: str, part: str) -> tuple[CommTemplate | None, tuple[tuple, ...]]:
+    def _stage_comms(self, stage: int, phase: str, part: str) -> tuple[CommTemplate | None, tuple[CommEntry, ...]]:
         """`comm_template`'s template, and the stage's own collectives (its own groups), made once."""
-        if (stage, phase, part) in self._comm_templates:
-            return self._comm_templates[(stage, phase, part)]
+        made = self._plan.templates.get((stage, phase, part))
+        if made is not None:
+            return made
         last = self.layout.pp - 1
         kinds = self._stage_kinds[stage]
         if part != "all":
@@ -628,14 +655,13 @@ class StepModel:
             placed = self._placed.get(where)
             if placed is None:
                 group = self._group(*where)
-                placed = self._placed[where] = (group, _span(self.cluster, group))
+                placed = self._placed[where] = (group, self._book.span(self.cluster, group))
             overlapped = halves > 1 and c.per == "moe_layer" and c.op is Collective.ALL_TO_ALL
             impl = self._ar_impl if c.op is Collective.ALL_REDUCE else "nccl"
-            out.append((c.where, c.op, c.bytes_per_token, _SIZED_BY.index(source), *placed, impl, overlapped, count))
-        made = self._comm_templates[(stage, phase, part)] = (
-            _comm_template(self.cluster, out) if out else None,
-            tuple(out),
-        )
+            sized_by = SIZED_BY.index(source)
+            out.append(CommEntry(c.where, c.op, c.bytes_per_token, sized_by, *placed, impl, overlapped, count))
+        template = self._book.comm_template(self.cluster, out) if out else None
+        made = self._plan.templates[(stage, phase, part)] = (template, tuple(out))
         return made
 
     def _group(self, name: str, size: int, stage: int) -> tuple[int, ...]:
@@ -649,28 +675,150 @@ class StepModel:
         return tuple(candidates[0][:size])
 
 
-def piece_op_keys(key: LayerPiece | EmbeddingPiece | HeadPiece) -> list[tuple]:
-    """The keys of the ops of a layer, embedding or head piece (`StepModel.pieces`; `op_for` builds each): a piece's key
-    holds all its ops follow from, so equal keys list equal ops on any layout."""
+class GemmKey(NamedTuple):
+    """One matrix's GEMM over `tokens` tokens."""
+
+    inputs: GemmInputs
+    phase: str
+    tokens: int
+
+    def op(self) -> Compute:
+        return _gemm(self.inputs, _PHASES[self.phase], self.tokens)
+
+
+class AttentionKey(NamedTuple):
+    """One layer's attention for `requests` requests adding `new_tokens` each to `context` cached tokens."""
+
+    inputs: AttentionInputs
+    phase: str
+    requests: int
+    new_tokens: int
+    context: int
+
+    def op(self) -> Compute:
+        return _attention(self.inputs, _PHASES[self.phase], self.requests, self.new_tokens, self.context)
+
+
+class ElementwiseKey(NamedTuple):
+    """A layer's norms, rotary and residual adds: `kernels` passes over `tokens` tokens of `hidden` values."""
+
+    kernels: int
+    hidden: int
+    tokens: int
+
+    def op(self) -> Compute:
+        return Compute(
+            name="norms, rotary, residual",
+            op_class=OpClass.ELEMENTWISE,
+            stage=0,
+            count=1,
+            flops=0.0,
+            bytes=self.kernels * 2 * self.tokens * self.hidden * ACT_BYTES,
+            weight_bytes=0.0,
+            dtype="bf16",
+            kernels=self.kernels,
+        )
+
+
+class ExpertsKey(NamedTuple):
+    """One layer's routed experts over the stage's `tokens` tokens."""
+
+    inputs: ExpertInputs
+    tokens: int
+
+    def op(self) -> Compute:
+        return _routed_experts(self.inputs, self.tokens)
+
+
+class LookupKey(NamedTuple):
+    """The embedding lookup of `tokens` tokens."""
+
+    hidden: int
+    tokens: int
+
+    def op(self) -> Compute:
+        return Compute(
+            name="embedding lookup",
+            op_class=OpClass.ELEMENTWISE,
+            stage=0,
+            count=1,
+            flops=0.0,
+            bytes=2 * self.tokens * self.hidden * ACT_BYTES,
+            weight_bytes=0.0,
+            dtype="bf16",
+        )
+
+
+class LmHeadKey(NamedTuple):
+    """lm_head over the `sampled` tokens."""
+
+    inputs: HeadInputs
+    sampled: int
+
+    def op(self) -> Compute:
+        head, sampled = self.inputs.head, self.sampled
+        return Compute(
+            name="lm_head",
+            op_class=OpClass.GEMM,
+            stage=0,
+            count=1,
+            flops=2 * sampled * head.params,
+            bytes=head.bytes + sampled * self.inputs.model.vocab_size / self.inputs.lm_head_tp * 4,
+            weight_bytes=head.bytes,
+            dtype=head.dtype,
+            gemms=head.gemms,
+            tokens=sampled,
+        )
+
+
+class SamplingKey(NamedTuple):
+    """Sampling `sampled` tokens from a vocabulary of `vocab`."""
+
+    vocab: int
+    sampled: int
+
+    def op(self) -> Compute:
+        return Compute(
+            name="sampling",
+            op_class=OpClass.SAMPLING,
+            stage=0,
+            count=1,
+            flops=0.0,
+            bytes=self.sampled * self.vocab * 4 * 2,
+            weight_bytes=0.0,
+            dtype="bf16",
+            kernels=4,
+        )
+
+
+# The key of one compute op: it holds all the op is built from (`.op()` builds it, run once on stage 0), so equal keys
+# name equal ops on any layout. A layer's keys hold interned inputs of distinct types, so keys of different kinds never
+# compare equal; the embedding's and the head's are priced within their pieces.
+OpKey = GemmKey | AttentionKey | ElementwiseKey | ExpertsKey | LookupKey | LmHeadKey | SamplingKey
+LayerOpKey = GemmKey | AttentionKey | ElementwiseKey | ExpertsKey
+
+
+def piece_op_keys(key: LayerPiece | EmbeddingPiece | HeadPiece) -> list[OpKey]:
+    """The keys of the ops of a layer, embedding or head piece (`StepModel.pieces`): a piece's key holds all its ops
+    follow from, so equal keys list equal ops on any layout."""
     if type(key) is LayerPiece:
         return layer_op_keys(key)
     if type(key) is EmbeddingPiece:
-        return [("lookup", key.hidden, key.tokens)]
+        return [LookupKey(key.hidden, key.tokens)]
     assert type(key) is HeadPiece
-    return [("lm_head", key.head, key.sampled), ("sampling", key.vocab, key.sampled)]
+    return [LmHeadKey(key.head, key.sampled), SamplingKey(key.vocab, key.sampled)]
 
 
-def layer_op_keys(piece: LayerPiece) -> list[tuple]:
-    """The keys of one layer's ops (run once) for the batch its piece names. A key holds all its op is built from
-    (`op_for`): equal keys, equal ops, on any layout. Its GEMMs first (`layer_gemm_keys`), then the rest
-    (`layer_other_keys`)."""
+def layer_op_keys(piece: LayerPiece) -> list[LayerOpKey]:
+    """The keys of one layer's ops (run once) for the batch its piece names: its GEMMs first (`layer_gemm_keys`), then
+    the rest (`layer_other_keys`)."""
     return layer_gemm_keys(piece.inputs, piece.phase, piece.rank_tokens, piece.stage_tokens) + layer_other_keys(piece)
 
 
-def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tokens: int) -> list[tuple]:
+def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tokens: int) -> list[LayerOpKey]:
     """The keys of a layer's GEMMs: they follow from its matrices, which of them see every attention-DP rank's tokens,
     the phase and the tokens alone."""
-    keys: list[tuple] = []
+    keys: list[LayerOpKey] = []
     for g in inputs.gemms:
         name = g.matrix.name
         if name.startswith(("shared_experts", "router")):
@@ -679,84 +827,20 @@ def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tok
             tokens = stage_tokens if inputs.dense_gathered else rank_tokens
         else:
             tokens = rank_tokens
-        keys.append(("gemm", g, phase, tokens))
+        keys.append(GemmKey(g, phase, tokens))
     return keys
 
 
-def layer_other_keys(piece: LayerPiece) -> list[tuple]:
+def layer_other_keys(piece: LayerPiece) -> list[LayerOpKey]:
     """The keys of a layer's attention, elementwise kernels and routed experts."""
-    inputs, phase, rank_requests, rank_tokens, stage_tokens, new_tokens, context = piece
-    keys: list[tuple] = [
-        ("attention", inputs.attention, phase, rank_requests, new_tokens, context),
-        ("elementwise", inputs.elementwise, inputs.model.hidden_size, rank_tokens),
+    inputs = piece.inputs
+    keys: list[LayerOpKey] = [
+        AttentionKey(inputs.attention, piece.phase, piece.rank_requests, piece.new_tokens, piece.context),
+        ElementwiseKey(inputs.elementwise, inputs.model.hidden_size, piece.rank_tokens),
     ]
     if inputs.moe:
-        keys.append(("experts", inputs.experts, stage_tokens))
+        keys.append(ExpertsKey(inputs.experts, piece.stage_tokens))
     return keys
-
-
-def op_for(key: tuple) -> Compute:
-    """The op a key from `piece_op_keys` names, run once on stage 0."""
-    what = key[0]
-    if what == "gemm":
-        return _gemm(key[1], _PHASES[key[2]], key[3])
-    if what == "attention":
-        _, inputs, phase, requests, new_tokens, context = key
-        return _attention(inputs, _PHASES[phase], requests, new_tokens, context)
-    if what == "lookup":
-        _, h, tokens = key
-        return Compute(
-            name="embedding lookup",
-            op_class=OpClass.ELEMENTWISE,
-            stage=0,
-            count=1,
-            flops=0.0,
-            bytes=2 * tokens * h * ACT_BYTES,
-            weight_bytes=0.0,
-            dtype="bf16",
-        )
-    if what == "lm_head":
-        _, inputs, sampled = key
-        head = inputs.head
-        return Compute(
-            name="lm_head",
-            op_class=OpClass.GEMM,
-            stage=0,
-            count=1,
-            flops=2 * sampled * head.params,
-            bytes=head.bytes + sampled * inputs.model.vocab_size / inputs.lm_head_tp * 4,
-            weight_bytes=head.bytes,
-            dtype=head.dtype,
-            gemms=head.gemms,
-            tokens=sampled,
-        )
-    if what == "sampling":
-        _, vocab, sampled = key
-        return Compute(
-            name="sampling",
-            op_class=OpClass.SAMPLING,
-            stage=0,
-            count=1,
-            flops=0.0,
-            bytes=sampled * vocab * 4 * 2,
-            weight_bytes=0.0,
-            dtype="bf16",
-            kernels=4,
-        )
-    if what == "elementwise":
-        _, kernels, h, tokens = key
-        return Compute(
-            name="norms, rotary, residual",
-            op_class=OpClass.ELEMENTWISE,
-            stage=0,
-            count=1,
-            flops=0.0,
-            bytes=kernels * 2 * tokens * h * ACT_BYTES,
-            weight_bytes=0.0,
-            dtype="bf16",
-            kernels=kernels,
-        )
-    return _routed_experts(key[1], key[2])
 
 
 def _gemm(inputs: GemmInputs, phase: Phase, tokens: int) -> Compute:
@@ -887,32 +971,25 @@ def _routed_experts(inputs: ExpertInputs, tokens: int) -> Compute:
     )
 
 
-def _calls(entries: Sequence[tuple], tokens: Sequence[int]) -> list[tuple]:
-    """Template entries' collectives for these tokens (the rank's new tokens, the stage's, those cached, those
-    sampled): (where, collective, bytes, group, implementation, hidden by two-batch overlap, times run)."""
-    return [
-        (where, op, per_token * tokens[source], group, impl, overlapped, count)
-        for where, op, per_token, source, group, _, impl, overlapped, count in entries
-    ]
-
-
 def comm_ops(key: CommsPiece) -> tuple[Comm, ...]:
     """The collectives a stage's piece names, each on one group that runs it (`StepModel.ops` lists each stage's own
     groups; the link model reads only their span)."""
-    return _comm_ops(_calls(key.template.entries, key.tokens))
+    return _comm_ops(key.template.entries, key.tokens)
 
 
-def _comm_ops(calls: list[tuple]) -> tuple[Comm, ...]:
+def _comm_ops(entries: Sequence[CommEntry], tokens: Sequence[int]) -> tuple[Comm, ...]:
+    """Template entries' collectives for these tokens (the rank's new tokens, the stage's, those cached, those
+    sampled, in `SIZED_BY` order)."""
     return tuple(
         Comm(
-            name=name,
+            name=e.where,
             stage=0,
-            count=count,
-            collective=op,
-            group=group,
-            size_bytes=size,
-            impl=impl,
-            overlapped=overlapped,
+            count=e.count,
+            collective=e.collective,
+            group=e.group,
+            size_bytes=e.bytes_per_token * tokens[e.sized_by],
+            impl=e.impl,
+            overlapped=e.overlapped,
         )
-        for name, op, size, group, impl, overlapped, count in calls
+        for e in entries
     )

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from shardwise.cost.book import PriceBook
 from shardwise.cost.memory import MemoryLedger
 from shardwise.cost.step import StepCost
 from shardwise.engines.layout import Layout
@@ -86,16 +87,18 @@ class Predictor:
         accept_length: float | None = None,
         steps: StepTimes | None = None,
         shared: dict[tuple, Prediction] | None = None,
+        book: PriceBook | None = None,
     ) -> None:
         """`steps`: the step times of a layout that costs the same (one that differs only in how memory is sized),
         to share what they have priced; `shared`: the figures-only predictions (`figures`) of such layouts, which
-        differ only where their KV pools cap the running requests differently."""
+        differ only where their KV pools cap the running requests differently; `book`: the price book of the search
+        or check the step times are made with (default one of their own)."""
         self.layout, self.memory = layout, memory
-        self.steps = steps or StepTimes(model, layout, cluster, accept_length=accept_length)
+        self.steps = steps or StepTimes(model, layout, cluster, accept_length=accept_length, book=book)
         self.chunk = self.layout.options.chunked_prefill_tokens or 8192
         # prefill times by what they follow from, shared with the layouts that share the step times
-        self._prefills: dict[tuple, tuple[float, float, float]] = self.steps.memo.setdefault("prefills", {})
-        self._chunks: dict[tuple, float] = self.steps.memo.setdefault("prefill chunks", {})
+        self._prefills = self.steps.prefills.sums
+        self._chunks = self.steps.prefills.chunks
         self._shared = {} if shared is None else shared
         self._mixed = layout.options.scheduler.mixed_batches
         self._steady: dict[tuple, _Running] = {}
@@ -223,9 +226,10 @@ def predict(
     osl: int,
     accept_length: float | None = None,
     decode_only: bool = False,
+    book: PriceBook | None = None,
 ) -> list[Prediction]:
     """Predicted serving figures of `layout` at each concurrency, for requests of isl in / osl out (with
     speculative decoding, at a mean accepted length of `accept_length` tokens per step; decode-only: prompts
-    already cached, no prefill)."""
-    predictor = Predictor(model, layout, cluster, memory, accept_length=accept_length)
+    already cached, no prefill; `book`: the price book of the check, default one of its own)."""
+    predictor = Predictor(model, layout, cluster, memory, accept_length=accept_length, book=book)
     return predictor.sweep(concurrency, isl=isl, osl=osl, decode_only=decode_only)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from shardwise.cost.book import PriceBook
 from shardwise.cost.step import Figures, StepCost, StepCostModel, longest_stage_s, parts_s, time_s
 from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
@@ -53,10 +54,13 @@ class StepTimes:
         drafter: Drafter | None = None,
         tables: bool = True,
         prefill_scale: float = 1.0,
+        book: PriceBook | None = None,
     ) -> None:
+        """`book`: the price book of the search or check (default one of its own)."""
         self.layout = layout
         self.prefill_scale = prefill_scale  # a what-if: every prefill step takes this multiple of its priced time
-        self.target = StepCostModel.of(model, layout, cluster, tables=tables)
+        book = book or PriceBook()
+        self.target = StepCostModel.of(model, layout, cluster, tables=tables, book=book)
         self.plan: SpecPlan | None = None
         self.draft: StepCostModel | None = None
         self.tokens = 1.0
@@ -79,16 +83,16 @@ class StepTimes:
                 # the drafter runs on the target's GPUs inside the engine step: no scheduler step of its own
                 options = layout.options.model_copy(update={"spec": None, "overlap_schedule": True})
                 draft_layout = layout.model_copy(update={"pp": 1, "options": options})
-                self.draft = StepCostModel.of(drafter.model, draft_layout, cluster, tables=tables)
+                self.draft = StepCostModel.of(drafter.model, draft_layout, cluster, tables=tables, book=book)
         self._decode: dict[tuple[int, int], DecodeCycle] = {}
         self._cycles: dict[tuple[int, int], tuple[float, dict[str, float]]] = {}
-        self._shared_cycles: dict[tuple, tuple[float, dict[str, float]]] = self.target.remembered(("cycles",))
+        self._shared_cycles = self.target.prices.cycles
         self._verify = self.plan.verify_tokens if self.plan else 1  # tokens each request runs per decode step
         # a prefill step's time follows from the ops and how the host issues them, never graphed: shared, with what the
-        # serving models built on these times remember of their prefills (by name), by the layouts that share the ops
-        # and the scheduler (a search's CUDA-graph and memory-fraction twins)
-        self.memo: dict[str, dict] = self.target.remembered(("prefill", layout.options.overlap_schedule, prefill_scale))
-        self._prefill: dict[tuple[int, int, int], float] = self.memo.setdefault("prefill steps", {})
+        # serving models built on these times keep of their prefills, by the layouts that share the ops and the
+        # scheduler (a search's CUDA-graph and memory-fraction twins)
+        self.prefills = self.target.prices.prefill(layout.options.overlap_schedule, prefill_scale)
+        self._prefill = self.prefills.steps
 
     # --- exact -----------------------------------------------------------------------------------------
 
