@@ -62,11 +62,12 @@ class OpCost:
     kernels: int  # launches per step
     flops: float
     bytes: float
-    compute_s: float
-    memory_s: float
-    comm_s: float
-    launch_s: float  # per-kernel GPU time
     time_s: float  # GPU time on the critical path
+    # its parts (an op priced on the roofline is the longer of compute and memory, plus its launches)
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    comm_s: float = 0.0
+    launch_s: float = 0.0  # per-kernel GPU time
     bound: Bound
     hidden: bool = False  # overlapped with other work (two-batch overlap): not on the critical path
     measured: str | None = None  # the kernel table its time comes from; None: priced by the roofline
@@ -117,7 +118,6 @@ def compute_cost(op: Compute, r: Rates, measured: Measured | None = None) -> OpC
         bytes=op.bytes * op.count,
         compute_s=compute * op.count,
         memory_s=memory * op.count,
-        comm_s=0.0,
         launch_s=launch * op.count,
         time_s=one * op.count,
         bound=bound,
@@ -170,10 +170,7 @@ def comm_cost(op: Comm, cluster: ClusterSpec, cache: dict[tuple, float] | None =
         kernels=op.kernels * op.count,
         flops=0.0,
         bytes=op.size_bytes * op.count,
-        compute_s=0.0,
-        memory_s=0.0,
         comm_s=total,
-        launch_s=0.0,
         time_s=total,
         bound="comm",
         hidden=op.overlapped,

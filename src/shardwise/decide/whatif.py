@@ -16,7 +16,7 @@ from shardwise.decide.search import Candidate, SearchResult
 from shardwise.engines.base import Engine, Setup, get_engine
 from shardwise.serve.steady import Prediction, Predictor
 from shardwise.spec.catalog import drafter_of
-from shardwise.spec.cluster import build_cluster
+from shardwise.spec.cluster import with_intra_node
 
 HYPOTHETICAL_LINK = "nvlink4"  # 900 GB/s per GPU: the NVLink of H100/H200 boxes
 REPREDICTED = 10  # best setups re-predicted on a changed cluster
@@ -132,13 +132,7 @@ def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | Non
     cluster = result.cluster
     if cluster.intra.link.kind != "pcie":
         return None
-    linked = build_cluster(
-        name=f"{cluster.name} with NVLink",
-        gpu=cluster.gpu.name,
-        nodes=cluster.nodes,
-        gpus_per_node=cluster.gpus_per_node,
-        intra_node={"link": HYPOTHETICAL_LINK, "p2p": True},
-    )
+    linked = with_intra_node(cluster, f"{cluster.name} with NVLink", {"link": HYPOTHETICAL_LINK, "p2p": True})
     best, best_name = 0.0, None
     for score in ranking.scores[:REPREDICTED]:
         c = score.candidate

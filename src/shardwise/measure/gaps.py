@@ -19,7 +19,7 @@ from shardwise.hardware.calibration import Calibration
 from shardwise.hardware.kernel_tables import spec
 from shardwise.measure.reference import METRICS, Checked, check_row
 from shardwise.serve.accuracy import beyond_stated, older_than_modelled
-from shardwise.spec.cluster import ClusterSpec, build_cluster
+from shardwise.spec.cluster import ClusterSpec, with_intra_node
 
 LARGE_BATCH = 256  # running requests per rank from which per-request host work is a step's visible share
 REQUEST_HOST_S = (50e-6, 100e-6, 200e-6, 400e-6)  # per-request host times tried, doubling
@@ -112,18 +112,13 @@ def _p2p(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism |
         return None
     if c.step is None or not any(op.op_class.value == "comm" for op in c.step.ops if op.time_s > 0):
         return None
-    off = build_cluster(
-        name=f"{cluster.name} with P2P off",
-        gpu=cluster.gpu.name,
-        nodes=cluster.nodes,
-        gpus_per_node=cluster.gpus_per_node,
-        intra_node={
-            "link": cluster.intra.link.name,
-            "p2p": False,
-            "numa_nodes": cluster.intra.numa_nodes,
-            "pcie_switches": cluster.intra.pcie_switches,
-        },
-    ).model_copy(update={"inter": cluster.inter, "calibration": cluster.calibration})
+    intra = {
+        "link": cluster.intra.link.name,
+        "p2p": False,
+        "numa_nodes": cluster.intra.numa_nodes,
+        "pcie_switches": cluster.intra.pcie_switches,
+    }
+    off = with_intra_node(cluster, f"{cluster.name} with P2P off", intra)
     variant = check_row(c.row, cluster=off)
     if variant.simulated is None or not _toward(c, variant, metrics):
         return None

@@ -707,17 +707,8 @@ class ElementwiseKey(NamedTuple):
     tokens: int
 
     def op(self) -> Compute:
-        return Compute(
-            name="norms, rotary, residual",
-            op_class=OpClass.ELEMENTWISE,
-            stage=0,
-            count=1,
-            flops=0.0,
-            bytes=self.kernels * 2 * self.tokens * self.hidden * ACT_BYTES,
-            weight_bytes=0.0,
-            dtype="bf16",
-            kernels=self.kernels,
-        )
+        moved = self.kernels * 2 * self.tokens * self.hidden * ACT_BYTES  # each kernel reads and writes the tokens
+        return _moving("norms, rotary, residual", OpClass.ELEMENTWISE, moved, self.kernels)
 
 
 class ExpertsKey(NamedTuple):
@@ -737,16 +728,7 @@ class LookupKey(NamedTuple):
     tokens: int
 
     def op(self) -> Compute:
-        return Compute(
-            name="embedding lookup",
-            op_class=OpClass.ELEMENTWISE,
-            stage=0,
-            count=1,
-            flops=0.0,
-            bytes=2 * self.tokens * self.hidden * ACT_BYTES,
-            weight_bytes=0.0,
-            dtype="bf16",
-        )
+        return _moving("embedding lookup", OpClass.ELEMENTWISE, 2 * self.tokens * self.hidden * ACT_BYTES, 1)
 
 
 class LmHeadKey(NamedTuple):
@@ -778,17 +760,7 @@ class SamplingKey(NamedTuple):
     sampled: int
 
     def op(self) -> Compute:
-        return Compute(
-            name="sampling",
-            op_class=OpClass.SAMPLING,
-            stage=0,
-            count=1,
-            flops=0.0,
-            bytes=self.sampled * self.vocab * 4 * 2,
-            weight_bytes=0.0,
-            dtype="bf16",
-            kernels=4,
-        )
+        return _moving("sampling", OpClass.SAMPLING, self.sampled * self.vocab * 4 * 2, 4)  # FP32 logits, read twice
 
 
 # The key of one compute op: it holds all the op is built from (`.op()` builds it, run once on stage 0), so equal keys
@@ -841,6 +813,21 @@ def layer_other_keys(piece: LayerPiece) -> list[LayerOpKey]:
     if inputs.moe:
         keys.append(ExpertsKey(inputs.experts, piece.stage_tokens))
     return keys
+
+
+def _moving(name: str, op_class: OpClass, moved_bytes: float, kernels: int) -> Compute:
+    """An op that only moves activations (no weights, no FLOPs counted), run once on stage 0."""
+    return Compute(
+        name=name,
+        op_class=op_class,
+        stage=0,
+        count=1,
+        flops=0.0,
+        bytes=moved_bytes,
+        weight_bytes=0.0,
+        dtype="bf16",
+        kernels=kernels,
+    )
 
 
 def _gemm(inputs: GemmInputs, phase: Phase, tokens: int) -> Compute:

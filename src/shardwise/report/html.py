@@ -29,6 +29,8 @@ from shardwise.report.theory import (  # noqa: E402
     headline,
     narrative,
     ranking_rows,
+    what_if_rows,
+    winner_rows,
 )
 
 CHARTED = 6  # layouts drawn on the throughput chart and the breakdown bars
@@ -66,6 +68,15 @@ def _legend(fig: Figure, ncols: int) -> None:
     fig.legend(loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
 
 
+def _labelled(fig: Figure, ax: Axes, x: str, y: str) -> Figure:
+    """A throughput chart's axes labelled, its y ticks as whole tokens with thousands marked, its legend below."""
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    _legend(fig, ncols=2)
+    return fig
+
+
 def _throughput_chart(t: Theory) -> Figure:
     fig, ax = _figure(5.2)
     for n, s in enumerate(distinct_layouts(t)[:CHARTED], start=1):  # the best drawn over the others
@@ -83,11 +94,7 @@ def _throughput_chart(t: Theory) -> Figure:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=24))  # every power of two
     ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # 1, 2, 4, ... not 2^0, 2^1, 2^2
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    ax.set_xlabel("concurrent clients")
-    ax.set_ylabel("output tokens/s")
-    _legend(fig, ncols=2)
-    return fig
+    return _labelled(fig, ax, "concurrent clients", "output tokens/s")
 
 
 def _pareto_chart(t: Theory) -> Figure:
@@ -104,11 +111,7 @@ def _pareto_chart(t: Theory) -> Figure:
         markersize=4,
         label="Pareto frontier",
     )
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    ax.set_xlabel("output tokens/s per user")
-    ax.set_ylabel("output tokens/s per GPU")
-    _legend(fig, ncols=2)
-    return fig
+    return _labelled(fig, ax, "output tokens/s per user", "output tokens/s per GPU")
 
 
 def _breakdown_chart(t: Theory) -> Figure:
@@ -190,20 +193,7 @@ def theory_html(t: Theory, *, top: int) -> str:
                 "</figcaption></figure>"
             )
         out.append("<h2>The best setup at each concurrency</h2>")
-        out.append(
-            _table(
-                ["C", "setup", "tok/s", "tok/s per user"],
-                [
-                    [
-                        str(w.concurrency),
-                        w.candidate.name,
-                        f"{w.prediction.output_tok_s:,.0f}",
-                        f"{w.prediction.per_user_tok_s:,.1f}",
-                    ]
-                    for w in t.winners
-                ],
-            )
-        )
+        out.append(_table(*winner_rows(t)))
     families = family_lines(t)
     if families:
         out.append("<h2>Why the others lose</h2><ul>")
@@ -211,20 +201,7 @@ def theory_html(t: Theory, *, top: int) -> str:
         out.append("</ul>")
     if t.what_ifs:
         out.append("<h2>What would change it</h2>")
-        out.append(
-            _table(
-                ["what if", "tok/s", "gain", "how"],
-                [
-                    [
-                        w.label,
-                        "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
-                        "—" if w.gain is None else f"{w.gain:.2f}×",
-                        (w.setup + ": " if w.setup else "") + w.note,
-                    ]
-                    for w in t.what_ifs
-                ],
-            )
-        )
+        out.append(_table(*what_if_rows(t)))
     tried = [e for e in t.result.excluded if e.hand_tried]
     out.append(f"<h2>Excluded ({len(t.result.excluded)} setups; those tried by hand)</h2>")
     out.append(

@@ -610,6 +610,34 @@ def ranking_rows(shown: list[Score], top: int) -> tuple[list[str], list[list[str
     return RANKING_HEADER, rows
 
 
+def winner_rows(t: Theory) -> tuple[list[str], list[list[str]]]:
+    """The table of the best setup at each concurrency, for the Markdown and HTML reports."""
+    rows = [
+        [
+            str(w.concurrency),
+            w.candidate.name,
+            f"{w.prediction.output_tok_s:,.0f}",
+            f"{w.prediction.per_user_tok_s:,.1f}",
+        ]
+        for w in t.winners
+    ]
+    return ["C", "setup", "tok/s", "tok/s per user"], rows
+
+
+def what_if_rows(t: Theory) -> tuple[list[str], list[list[str]]]:
+    """The what-if table of the Markdown and HTML reports: its header, and a row per what-if."""
+    rows = [
+        [
+            w.label,
+            "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
+            "—" if w.gain is None else f"{w.gain:.2f}×",
+            (w.setup + ": " if w.setup else "") + w.note,
+        ]
+        for w in t.what_ifs
+    ]
+    return ["what if", "tok/s", "gain", "how"], rows
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
@@ -633,18 +661,7 @@ def theory_markdown(t: Theory, *, top: int) -> str:
         out += [
             "## The best setup at each concurrency",
             "",
-            _md_table(
-                ["C", "setup", "tok/s", "tok/s per user"],
-                [
-                    [
-                        str(w.concurrency),
-                        w.candidate.name,
-                        f"{w.prediction.output_tok_s:,.0f}",
-                        f"{w.prediction.per_user_tok_s:,.1f}",
-                    ]
-                    for w in t.winners
-                ],
-            ),
+            _md_table(*winner_rows(t)),
             "",
         ]
     families = family_lines(t)
@@ -663,18 +680,7 @@ def theory_markdown(t: Theory, *, top: int) -> str:
         out += [
             "## What would change it",
             "",
-            _md_table(
-                ["what if", "tok/s", "gain", "how"],
-                [
-                    [
-                        w.label,
-                        "—" if w.output_tok_s is None else f"{w.output_tok_s:,.0f}",
-                        "—" if w.gain is None else f"{w.gain:.2f}×",
-                        (w.setup + ": " if w.setup else "") + w.note,
-                    ]
-                    for w in t.what_ifs
-                ],
-            ),
+            _md_table(*what_if_rows(t)),
             "",
         ]
     out += [

@@ -175,6 +175,15 @@ def build_cluster(
     )
 
 
+def with_intra_node(cluster: ClusterSpec, name: str, intra_node: dict[str, Any]) -> ClusterSpec:
+    """`cluster` with other links inside each node (`build_cluster`'s intra_node), named `name`: its measured
+    collective tables matched to them again, its network and calibration kept."""
+    rebuilt = build_cluster(
+        name=name, gpu=cluster.gpu.name, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, intra_node=intra_node
+    )
+    return rebuilt.model_copy(update={"inter": cluster.inter, "calibration": cluster.calibration})
+
+
 def parse_short(text: str) -> ClusterSpec:
     """`8xrtx-pro-6000` → 1 node × 8; `2x8xh100` → 2 nodes × 8; `h200` → 1 × 1."""
     match = _SHORT.match(text.strip().lower())
