@@ -39,7 +39,9 @@ class MoETables(BaseModel):
     dtypes: dict[str, str]
 
 
-class MLADecodeTables(BaseModel):
+class DecodeTables(BaseModel):
+    """A decode attention table (MLA or GQA) and its KV cache dtypes."""
+
     table: str
     kv_dtypes: dict[str, str]  # KV bytes per element → the table's kv_cache_dtype
 
@@ -50,20 +52,15 @@ class GemmTables(BaseModel):
     not_kernel_times: dict[str, list[str]] = {}  # framework → gemm_dtypes whose rows time more than the kernel
 
 
-class GQADecodeTables(BaseModel):
-    table: str
-    kv_dtypes: dict[str, str]  # KV bytes per element → the table's kv_cache_dtype
-
-
 class KernelTablesSpec(BaseModel):
     package: str
     version: str
     priced: list[str]  # op families priced from tables (the rest: the roofline)
     systems: dict[str, str]
     moe: MoETables
-    mla_decode: MLADecodeTables
+    mla_decode: DecodeTables
     gemm: GemmTables
-    gqa_decode: GQADecodeTables
+    gqa_decode: DecodeTables
 
 
 @cache
@@ -369,23 +366,33 @@ def _keep(path: Path, rows: dict[str, np.ndarray]) -> None:
         return
 
 
+def _decode_row_sets(
+    gpu: str, engine: str, release: str, tables: DecodeTables, kind: str, columns: tuple[str, ...], kv_bytes: int
+) -> Iterator[tuple[str, str, dict[str, np.ndarray]]]:
+    """The row sets of a decode attention table (`kind` "mla" or "gqa") for a KV cache of `kv_bytes` per element, BF16
+    attention, as `_row_sets` finds them: each with its label (source, GPU, engine, release) and its release."""
+    system = spec().systems.get(gpu)
+    kv_dtype = tables.kv_dtypes.get(str(kv_bytes))
+    if system is None or kv_dtype is None:
+        return
+    dtype_column = "mla_dtype" if kind == "mla" else "attn_dtype"
+    filters = (("kv_cache_dtype", "=", kv_dtype), (dtype_column, "=", "bfloat16"))
+    name = f"{kind}-decode-{kv_dtype}"
+    for label, table_release, rows in _row_sets(system, engine, release, tables.table, name, columns, filters):
+        yield f"{label} {system} {engine} {table_release}", table_release, rows
+
+
 @cache
 def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) -> Grid | None:
     """The measured MLA decode attention of `shape` on `gpu` over (batch, KV length), or None."""
-    cfg = spec()
-    system = cfg.systems.get(gpu)
-    kv_dtype = cfg.mla_decode.kv_dtypes.get(str(shape.kv_bytes))
-    if system is None or kv_dtype is None:
-        return None
-    filters = (("kv_cache_dtype", "=", kv_dtype), ("mla_dtype", "=", "bfloat16"))
-    for label, table_release, rows in _row_sets(
-        system, engine, release, cfg.mla_decode.table, f"mla-decode-{kv_dtype}", MLA_COLUMNS, filters
-    ):
+    tables = spec().mla_decode
+    found = _decode_row_sets(gpu, engine, release, tables, "mla", MLA_COLUMNS, shape.kv_bytes)
+    for label, table_release, rows in found:
         keep = rows["num_heads"] == shape.heads
         if keep.sum() < 4:
             continue
         kernel = str(rows["kernel_source"][keep][0])
-        source = f"{label} {system} {engine} {table_release} generation_mla_perf ({kernel})"
+        source = f"{label} generation_mla_perf ({kernel})"
         # `step` tokens were cached before this one
         return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source, table_release)
     return None
@@ -452,15 +459,9 @@ GEMM_COLUMNS = ("kernel_source", "m", "n", "k", "latency")
 @cache
 def gqa_decode_grid(gpu: str, engine: str, release: str, shape: GQADecodeShape) -> Grid | None:
     """The measured decode attention of `shape` on `gpu` over (batch, KV length), or None."""
-    cfg = spec()
-    system = cfg.systems.get(gpu)
-    kv_dtype = cfg.gqa_decode.kv_dtypes.get(str(shape.kv_bytes))
-    if system is None or kv_dtype is None:
-        return None
-    filters = (("kv_cache_dtype", "=", kv_dtype), ("attn_dtype", "=", "bfloat16"))
-    for label, table_release, rows in _row_sets(
-        system, engine, release, cfg.gqa_decode.table, f"gqa-decode-{kv_dtype}", GQA_COLUMNS, filters
-    ):
+    tables = spec().gqa_decode
+    found = _decode_row_sets(gpu, engine, release, tables, "gqa", GQA_COLUMNS, shape.kv_bytes)
+    for label, table_release, rows in found:
         keep = (
             (rows["num_heads"] == shape.heads)
             & (rows["num_key_value_heads"] == shape.kv_heads)
@@ -470,7 +471,7 @@ def gqa_decode_grid(gpu: str, engine: str, release: str, shape: GQADecodeShape) 
         if keep.sum() < 4:
             continue
         kernel = str(rows["kernel_source"][keep][0])
-        source = f"{label} {system} {engine} {table_release} generation_attention_perf ({kernel})"
+        source = f"{label} generation_attention_perf ({kernel})"
         # `step` tokens were cached before this one; a window caps what is read, so its time stays flat
         return _grid(
             (rows["batch_size"][keep], rows["step"][keep] + 1),
