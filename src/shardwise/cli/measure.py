@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -24,7 +24,7 @@ from shardwise.decide.theory import theorise as run_theorise
 from shardwise.engines.check import check_command
 from shardwise.engines.flags import command_text
 from shardwise.errors import SpecError
-from shardwise.hardware.calibration import CONSTANTS, calibration_yaml
+from shardwise.hardware.calibration import CONSTANTS, Calibration, calibration_yaml
 from shardwise.hardware.load import read_yaml
 from shardwise.report import files as report_files
 from shardwise.report import json as report_json
@@ -194,17 +194,8 @@ def calibrate(
     if missing:
         raise SpecError(f"--holdout names no measurement: {sorted(missing)}; ids: {', '.join(r.id for r in rows)}")
     report = run_calibrate(rows, names=names, held_out=held)
-    report_files.write_text(output, calibration_yaml(report.calibration))
-    payload = {
-        **report.calibration.model_dump(mode="json"),
-        "fitted_error_before": report.fitted_error_before,
-        "fitted_error_after": report.fitted_error_after,
-        "profile": str(output),
-    }
-    if json:
-        typer.echo(report_json.dumps(payload))
-    else:
-        report_table.print_renderable(report_validation.calibration_view(payload))
+    fitted = {"fitted_error_before": report.fitted_error_before, "fitted_error_after": report.fitted_error_after}
+    _write_profile(output, report.calibration, fitted, report_validation.calibration_view, json=json)
 
 
 def _calibrate_memory(log: Path, *, command: str | None, gpus: str, output: Path, json: bool) -> None:
@@ -217,21 +208,21 @@ def _calibrate_memory(log: Path, *, command: str | None, gpus: str, output: Path
     cluster_spec = load_cluster(gpus)
     checked = check_command(command, cluster=cluster_spec)
     fit = fit_memory(read_startup_log(log), model=checked.model, setup=checked.setup, cluster=cluster_spec)
-    report_files.write_text(output, calibration_yaml(fit.calibration))
-    payload = {
-        **fit.calibration.model_dump(mode="json"),
-        "default_non_torch_bytes": fit.default_non_torch_bytes,
-        "kv_tokens": {
-            "logged": fit.logged_kv_tokens,
-            "default": fit.default_kv_tokens,
-            "calibrated": fit.fitted_kv_tokens,
-        },
-        "profile": str(output),
-    }
+    kv_tokens = {"logged": fit.logged_kv_tokens, "default": fit.default_kv_tokens, "calibrated": fit.fitted_kv_tokens}
+    fitted = {"default_non_torch_bytes": fit.default_non_torch_bytes, "kv_tokens": kv_tokens}
+    _write_profile(output, fit.calibration, fitted, report_validation.memory_fit_view, json=json)
+
+
+def _write_profile(
+    output: Path, calibration: Calibration, fitted: dict[str, Any], view: Callable[[dict], Any], *, json: bool
+) -> None:
+    """Write the fitted profile to `output` and show it with what the fit found (`view` draws it)."""
+    report_files.write_text(output, calibration_yaml(calibration))
+    payload = {**calibration.model_dump(mode="json"), **fitted, "profile": str(output)}
     if json:
         typer.echo(report_json.dumps(payload))
     else:
-        report_table.print_renderable(report_validation.memory_fit_view(payload))
+        report_table.print_renderable(view(payload))
 
 
 @app.command()

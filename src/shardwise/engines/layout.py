@@ -368,6 +368,13 @@ class Split(Frozen):
     how: str
 
 
+def _mlp_split(component: str, ways: int) -> Split:
+    """An MLP split over the stage's GPUs along its intermediate dimension, or replicated on each."""
+    return Split(
+        component=component, ways=ways, group="stage", how="intermediate dim split" if ways > 1 else "replicated"
+    )
+
+
 def splits(layout: Layout, model: ModelSpec) -> list[Split]:
     """How each component is divided across the GPUs of one pipeline stage."""
     mla = model.attention.kind == "mla"
@@ -404,14 +411,7 @@ def splits(layout: Layout, model: ModelSpec) -> list[Split]:
         Split(component="embeddings and lm_head", ways=layout.lm_head_tp, group="stage", how="vocab-parallel"),
     ]
     if model.layer_mlp.count("dense"):
-        parts.append(
-            Split(
-                component="dense MLP",
-                ways=layout.dense_tp,
-                group="stage",
-                how="intermediate dim split" if layout.dense_tp > 1 else "replicated",
-            )
-        )
+        parts.append(_mlp_split("dense MLP", layout.dense_tp))
     if model.moe:
         parts.append(
             Split(
@@ -423,14 +423,7 @@ def splits(layout: Layout, model: ModelSpec) -> list[Split]:
             )
         )
         if model.moe.num_shared_experts:
-            parts.append(
-                Split(
-                    component="shared experts",
-                    ways=layout.shared_tp,
-                    group="stage",
-                    how="intermediate dim split" if layout.shared_tp > 1 else "replicated",
-                )
-            )
+            parts.append(_mlp_split("shared experts", layout.shared_tp))
     if layout.pp > 1:
         parts.append(Split(component="decoder layers", ways=layout.pp, group="pp", how="contiguous layer ranges"))
     return parts

@@ -223,13 +223,8 @@ class VLLM(FlagEngine):
         ),
     )
 
-    def effective(
-        self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
-    ) -> tuple[dict[str, Any], list[Note]]:
-        return effective_flags(given, version=version, cluster=cluster, model=model)
-
-    def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
-        return layout_of(flags, model, version)
+    effective = staticmethod(effective_flags)
+    layout = staticmethod(layout_of)
 
     def gpus_used(self, flags: dict[str, Any]) -> int:
         return gpus_used(flags)
