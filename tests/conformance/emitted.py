@@ -64,7 +64,7 @@ def _argv(engine: str, command: list[str], model_dir: Path) -> tuple[str, ...]:
     """The flags as the engine gets them, the model replaced by its bundled folder. That folder holds config.json
     alone, not the checkpoint's own code, so --trust-remote-code is left out: the engines then read the config with
     their own classes (SGLang's KimiK25Config, vLLM's registry), as they do for these architectures anyway."""
-    _, _, argv = split_command(command)
+    argv = split_command(command).argv
     out = [a for a in argv if a != "--trust-remote-code"]
     if engine == "vllm":  # `vllm serve MODEL …`: the model is the first positional
         out[0] = str(model_dir)

@@ -284,7 +284,7 @@ def _emitted_from(engine: str, version: str, command: str) -> Emitted:
 
 def _engine_of(command: str) -> str | None:
     try:
-        return split_command(command)[0]
+        return split_command(command).engine
     except SpecError:  # a row about a launcher shardwise does not know
         return None
 

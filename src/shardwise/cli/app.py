@@ -182,8 +182,8 @@ def workloads_of(
     burstiness: float,
     seed: int,
     decode_only: bool,
-) -> tuple[list[WorkloadSpec], Lengths, Lengths, tuple[tuple[int, int], ...]]:
-    """One workload per load level, as the benchmark tools would send it; and the lengths they draw from."""
+) -> list[WorkloadSpec]:
+    """One workload per load level, as the benchmark tools would send it (each with the lengths it draws from)."""
     inputs, outputs, pairs = lengths_of(
         engine, lengths, isl=isl, osl=osl, ratio=range_ratio, num_prompts=num_prompts, seed=seed
     )
@@ -201,7 +201,7 @@ def workloads_of(
         )
         for c, r in loads_of(concurrency, request_rate)
     ]
-    return workloads, inputs, outputs, pairs
+    return workloads
 
 
 def with_profile(cluster_spec: ClusterSpec, profile: Path | None) -> ClusterSpec:

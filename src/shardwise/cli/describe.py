@@ -195,7 +195,7 @@ def check(
         if setup.layout.options.spec is not None and acceptance is None:
             note = "no predictions: speculative decoding needs its acceptance (--accept-length or --accept-rate)"
         elif simulating:
-            workloads, *_ = workloads_of(
+            workloads = workloads_of(
                 setup.engine,
                 concurrency=concurrency,
                 request_rate=request_rate,

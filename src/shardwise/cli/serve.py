@@ -98,7 +98,7 @@ def simulate(
         raise SpecError(f"this setup would not start: {memory.reason or memory.verdict}")
     acceptance = mean_accept_length(setup.layout, accept_length, accept_rate)
     steps = StepTimes(checked.model, setup.layout, cluster_spec, accept_length=acceptance, book=book)
-    workloads, input_lengths, output_lengths, pairs = workloads_of(
+    workloads = workloads_of(
         setup.engine,
         concurrency=concurrency,
         request_rate=request_rate,
@@ -137,9 +137,9 @@ def simulate(
             "launch": launch,
             "layout": setup.layout.describe(),
             "workload": {
-                "input": input_lengths.model_dump(),
-                "output": output_lengths.model_dump(),
-                "pairs": len(pairs),
+                "input": workloads[0].input.model_dump(),
+                "output": workloads[0].output.model_dump(),
+                "pairs": len(workloads[0].pairs),
                 "num_prompts": num_prompts,
                 "burstiness": burstiness,
                 "seed": seed,
@@ -152,7 +152,7 @@ def simulate(
     else:
         mean_in, mean_out = workloads[0].mean_lengths
         shape = f"{mean_in:,.0f} in / {mean_out:,.0f} out"
-        if pairs:
+        if workloads[0].pairs:
             shape = f"{lengths} lengths (mean {shape})"
         title = f"simulated {setup.layout.describe()} on {cluster_spec.name}, {num_prompts} requests of {shape}"
         if acceptance:
@@ -229,7 +229,7 @@ def theorise(
                 "--range-ratio draws lengths differently in SGLang ([ratio × len, len]) and vLLM "
                 "(len × [1 − ratio, 1 + ratio]); give --framework sglang or --framework vllm with it"
             )
-        workloads, _, _, pairs = workloads_of(
+        workloads = workloads_of(
             engines[0],
             concurrency=concurrency,
             request_rate=request_rate or (None if concurrency else "inf"),
@@ -242,7 +242,7 @@ def theorise(
             seed=seed,
             decode_only=False,
         )
-        if pairs:  # the screen prices the dataset's mean lengths
+        if workloads[0].pairs:  # the screen prices the dataset's mean lengths
             isl, osl = (round(mean) for mean in workloads[0].mean_lengths)
     cluster_spec = with_profile(load_cluster(gpus), profile)
     spec = load_model(model)

@@ -38,10 +38,10 @@ def check_command(
     command: list[str] | str, *, cluster: ClusterSpec, model: str | None = None, version: str | None = None
 ) -> Checked:
     """Classify a launch command as the engine would: the effective setup, its rewrites and its refusals."""
-    engine_name, env, argv = split_command(command)
-    model_ref = model or _model_in_command(engine_name, argv, version) or DEFAULT_MODEL
+    launch = split_command(command)
+    model_ref = model or _model_in_command(launch.engine, launch.argv, version) or DEFAULT_MODEL
     spec = _model_for(model_ref)
-    setup = get_engine(engine_name).resolve(argv, model=spec, cluster=cluster, version=version, env=env)
+    setup = get_engine(launch.engine).resolve(launch.argv, model=spec, cluster=cluster, version=version, env=launch.env)
     text = command if isinstance(command, str) else " ".join(command)
     return Checked(setup=setup, model=spec, model_ref=model_ref, command=text)
 

@@ -13,7 +13,7 @@ import shlex
 from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from packaging.version import InvalidVersion, Version
 from pydantic import Field
@@ -246,8 +246,16 @@ def _dashed(token: str) -> str:
 ENGINES = ("sglang", "vllm")
 
 
-def split_command(command: list[str] | str) -> tuple[str, dict[str, str], list[str]]:
-    """(engine, environment assignments, the flags after the launcher) of a launch command."""
+class LaunchCommand(NamedTuple):
+    """A launch command read: its engine, its environment assignments and the flags after the launcher."""
+
+    engine: str
+    env: dict[str, str]
+    argv: list[str]
+
+
+def split_command(command: list[str] | str) -> LaunchCommand:
+    """The engine, environment and flags of a launch command."""
     try:
         tokens = shlex.split(command) if isinstance(command, str) else list(command)
         if len(tokens) == 1 and any(c.isspace() for c in tokens[0]):  # the whole command quoted as one argument
@@ -265,7 +273,7 @@ def split_command(command: list[str] | str) -> tuple[str, dict[str, str], list[s
                 rest = tokens[len(launcher) :]
                 if launcher in table.positional_model_launchers and rest and not rest[0].startswith("-"):
                     rest = [table.model_flag, rest[0], *rest[1:]]
-                return engine, env, rest
+                return LaunchCommand(engine, env, rest)
     shown = " ".join(tokens[:3]) or "(nothing)"
     raise SpecError(
         f"not a launch command shardwise knows: {shown!r}; expected 'python -m sglang.launch_server …', "

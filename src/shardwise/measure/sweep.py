@@ -72,8 +72,7 @@ def _free_port() -> int:
 def _argv(plan: SweepPlan, command: str, port: int) -> list[str]:
     tokens = shlex.split(command)
     if plan.launcher:
-        _, _, flags = split_command(command)
-        tokens = [*shlex.split(plan.launcher), *flags]
+        tokens = [*shlex.split(plan.launcher), *split_command(command).argv]
     return [*tokens, "--port", str(port)]
 
 

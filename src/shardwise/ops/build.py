@@ -138,7 +138,15 @@ def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
     return model.layer_attention[layer], model.layer_mlp[layer]
 
 
-Shape = tuple[tuple[int, int, int], ...]  # a step's pieces as (stage, times run, slot) in order (`piece_keys`)
+class Placed(NamedTuple):
+    """Where one piece of a step runs: its stage, how often, and the slot whose key names it (`piece_keys`)."""
+
+    stage: int
+    count: int
+    slot: int
+
+
+Shape = tuple[Placed, ...]  # a step's pieces in order
 
 
 class Piece(NamedTuple):
@@ -319,8 +327,12 @@ class CommTemplate:
     entries: tuple[CommEntry, ...]
 
 
-# per layer kind its GEMM matrices, per layer kind its routed experts, and lm_head: as one GPU holds them
-_Split = tuple[dict[tuple[str, str], list[_Matrix]], dict[tuple[str, str], _Matrix], _Matrix]
+class _Split(NamedTuple):
+    """The weights a step model reads, as one GPU holds them under one weight split."""
+
+    matrices: dict[tuple[str, str], list[_Matrix]]  # per layer kind its GEMM matrices
+    experts: dict[tuple[str, str], _Matrix]  # per layer kind one routed expert (one GPU's slice)
+    head: _Matrix  # lm_head
 
 
 def _read_weights(model: ModelSpec, layout: Layout, weights: tuple[Weight, ...]) -> _Split:
@@ -359,7 +371,7 @@ def _read_weights(model: ModelSpec, layout: Layout, weights: tuple[Weight, ...])
                 gemms=(old.gemms if old else ()) + _gemms(w, ways, fused),
             )
     matrices = {kind: list(by_layer[layer].values()) for kind, layer in first.items()}
-    return matrices, experts, head
+    return _Split(matrices, experts, head)
 
 
 class LayerPiece(NamedTuple):
@@ -454,13 +466,13 @@ class StepModel:
             (self._groups, cluster), None, dict
         )
         self._stage_kinds, self._moe_kinds = book.stage_kinds(self.model, layout.pp, layout.pp_extra_layers)
-        matrices, experts, head = book.split_weights(model, layout)
+        split = book.split_weights(model, layout)
         # the weights' ops are the same whatever the KV cache stores: interned under the model as given, so the setups
         # of a structure with another KV cache dtype share their GEMMs', experts' and head's costs
-        self._head = book.interned(HeadInputs, model, head, layout.lm_head_tp)
+        self._head = book.interned(HeadInputs, model, split.head, layout.lm_head_tp)
         self._layers = {
-            kind: layer_inputs(book, self.model, kind, mats, experts.get(kind), layout, weights=model)
-            for kind, mats in matrices.items()
+            kind: layer_inputs(book, self.model, kind, mats, split.experts.get(kind), layout, weights=model)
+            for kind, mats in split.matrices.items()
         }
         self._comm = comm_steps(layout, self.model)
         self._ar_impl = self._allreduce_impl()
@@ -536,7 +548,7 @@ class StepModel:
         made = self._plan.shapes.get((phase, split, stages))
         if made is not None:
             return made
-        shape: list[tuple[int, int, int]] = []
+        shape: list[Placed] = []
         slots: list[Slot] = []
         index: dict[Slot, int] = {}
 
@@ -545,7 +557,7 @@ class StepModel:
             if at is None:
                 at = index[slot] = len(slots)
                 slots.append(slot)
-            shape.append((stage, count, at))
+            shape.append(Placed(stage, count, at))
 
         for stage in range(self.layout.pp) if stages is None else stages:
             halved = split and self._moe_kinds[stage]
