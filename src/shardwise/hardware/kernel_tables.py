@@ -20,7 +20,7 @@ import math
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
@@ -145,7 +145,6 @@ class GQADecodeShape:
     window: int = 0  # sliding window in tokens; 0: full attention
 
 
-REMEMBERED_POINTS = 100_000  # points a grid remembers before it starts afresh
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,6 @@ class Grid:
     release: str
     grows: tuple[bool, ...] = ()  # per axis: beyond its last value the time grows in proportion (else: flat)
     scale_batch: bool = True  # a cell not measured: linear in batch from a smaller one (attention, not GEMMs)
-    _found: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # a search repeats points
 
     def time_s(self, *point: float) -> tuple[float, bool] | None:
         """(seconds, whether outside the measured range): log-linear in every axis between the measured cells
@@ -169,13 +167,6 @@ class Grid:
         for attention; a GEMM is left to the roofline. None where nothing is."""
         if any(math.isnan(v) for v in point):
             return None
-        if point not in self._found:
-            if len(self._found) >= REMEMBERED_POINTS:
-                self._found.clear()
-            self._found[point] = self._look_up(point)
-        return self._found[point]
-
-    def _look_up(self, point: tuple[float, ...]) -> tuple[float, bool] | None:
         found = self._between(point)
         if found is not None or not self.scale_batch:
             return found
