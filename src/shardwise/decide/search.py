@@ -95,8 +95,8 @@ class Candidate:
 
     @cached_property
     def setup(self) -> Setup:
-        """The engine's setup of its command (a search keeps none of its thousands; a report asks for a few, set up
-        again from the options its command gives)."""
+        """The engine's setup of its command, set up again from the options it gives (a candidate keeps only its
+        figures; a report explains a few)."""
         assert self.priced_by is not None, "a candidate without its setup is set up for its search's model"
         model, cluster = self.priced_by.model, self.priced_by.cluster
         engine = get_engine(self.engine)
@@ -104,14 +104,13 @@ class Candidate:
 
     @cached_property
     def memory(self) -> MemoryLedger:
-        """How each GPU's memory is used (a search keeps the ledgers of none of its thousands of setups; a report
-        asks for a few, sized again as the search sized them)."""
+        """How each GPU's memory is used, sized again as the search sized it."""
         assert self.priced_by is not None, "a candidate without its ledger is sized from its search's model"
         return memory_ledger(self.priced_by.model, self.layout, self.priced_by.cluster, book=self.priced_by.book)
 
     @cached_property
     def launch(self) -> tuple[str, ...]:
-        """Node 0's command (rendered when asked for: a search keeps thousands of setups, reports show a few)."""
+        """Node 0's command."""
         engine = get_engine(self.engine)
         return tuple(engine.launch_command(self.setup, model_ref=self.model_ref, remote_code=self.remote_code))
 
