@@ -145,8 +145,6 @@ class GQADecodeShape:
     window: int = 0  # sliding window in tokens; 0: full attention
 
 
-
-
 @dataclass(frozen=True)
 class Grid:
     """Measured seconds over a grid of shape coordinates, for one shape, from one table: (batch, KV length) for
