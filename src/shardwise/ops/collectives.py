@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from shardwise.engines.layout import Layout, with_kv_dtype
@@ -45,34 +46,30 @@ def comm_steps(layout: Layout, model: ModelSpec) -> list[CommStep]:
     return [step for build in BUILDERS for step in build(layout, model)]
 
 
+def _on(group: str, size: int, per: Per) -> Callable[..., CommStep]:
+    """A maker of the collectives one group of `size` GPUs runs `per` layer (or step, or stage boundary): each then
+    needs its `where`, `op` and `bytes_per_token` (and any other field)."""
+    return partial(CommStep, group=group, group_size=size, per=per)
+
+
 def _attention_tp(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if layout.attn_tp == 1:
         return []
-    h2 = model.hidden_size * ACT_BYTES
-    return [
-        CommStep(
-            where="attention output (o_proj)",
-            op=Collective.ALL_REDUCE,
-            group="attn_tp",
-            group_size=layout.attn_tp,
-            per="layer",
-            bytes_per_token=h2,
-        )
-    ]
+    layer = _on("attn_tp", layout.attn_tp, "layer")
+    return [layer(where="attention output (o_proj)", op=Collective.ALL_REDUCE, bytes_per_token=_hidden(model))]
 
 
 def _attention_dp(layout: Layout, model: ModelSpec) -> list[CommStep]:
     """An MLP split wider than attention sees the tokens of every attention-DP group: gather, then scatter back."""
     if layout.attn_dp == 1 or layout.moe_comm == "all2all":
         return []
-    h2 = model.hidden_size * ACT_BYTES
     split: list[Per] = []
     if model.moe is not None and layout.moe_ep * layout.moe_tp > 1:
         split.append("moe_layer")
     if model.layer_mlp.count("dense") and layout.dense_tp > 1:
         split.append("dense_layer")
     return [
-        CommStep(where=where, op=op, group="stage", group_size=layout.stage_gpus, per=per, bytes_per_token=h2)
+        _on("stage", layout.stage_gpus, per)(where=where, op=op, bytes_per_token=_hidden(model))
         for per in split
         for where, op in (
             ("gather attention-DP tokens before the MLP", Collective.ALL_GATHER),
@@ -85,69 +82,43 @@ def _moe(layout: Layout, model: ModelSpec) -> list[CommStep]:
     width = layout.moe_ep * layout.moe_tp
     if model.moe is None or width == 1:
         return []
-    h2 = model.hidden_size * ACT_BYTES
     if layout.moe_comm == "all2all":  # every token goes to (and comes back from) the GPUs of its top-k experts
+        routed = _on("moe_ep", layout.moe_ep, "moe_layer")
+        sent = _hidden(model) * model.moe.top_k
         return [
-            CommStep(
-                where=where,
-                op=Collective.ALL_TO_ALL,
-                group="moe_ep",
-                group_size=layout.moe_ep,
-                per="moe_layer",
-                bytes_per_token=h2 * model.moe.top_k,
-            )
-            for where in ("MoE dispatch", "MoE combine")
+            routed(where=w, op=Collective.ALL_TO_ALL, bytes_per_token=sent) for w in ("MoE dispatch", "MoE combine")
         ]
     if layout.attn_dp > 1:  # the attention-DP reduce-scatter sums the partial outputs
         return []
-    return [
-        CommStep(
-            where="MoE output (partial sums over EP and MoE-TP)",
-            op=Collective.ALL_REDUCE,
-            group="stage",
-            group_size=width,
-            per="moe_layer",
-            bytes_per_token=h2,
-        )
-    ]
+    summed = _on("stage", width, "moe_layer")
+    where = "MoE output (partial sums over EP and MoE-TP)"
+    return [summed(where=where, op=Collective.ALL_REDUCE, bytes_per_token=_hidden(model))]
 
 
 def _dense_mlp(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if not model.layer_mlp.count("dense") or layout.dense_tp == 1 or layout.attn_dp > 1:
         return []
-    return [
-        CommStep(
-            where="dense MLP output",
-            op=Collective.ALL_REDUCE,
-            group="stage",
-            group_size=layout.dense_tp,
-            per="dense_layer",
-            bytes_per_token=model.hidden_size * ACT_BYTES,
-        )
-    ]
+    layer = _on("stage", layout.dense_tp, "dense_layer")
+    return [layer(where="dense MLP output", op=Collective.ALL_REDUCE, bytes_per_token=_hidden(model))]
 
 
 def _vocabulary(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if layout.lm_head_tp == 1:
         return []
+    step = _on("stage", layout.lm_head_tp, "step")
     return [
-        CommStep(
-            where="embedding lookup (vocab-parallel)",
-            op=Collective.ALL_REDUCE,
-            group="stage",
-            group_size=layout.lm_head_tp,
-            per="step",
-            bytes_per_token=model.hidden_size * ACT_BYTES,
-        ),
-        CommStep(
+        step(where="embedding lookup (vocab-parallel)", op=Collective.ALL_REDUCE, bytes_per_token=_hidden(model)),
+        step(
             where="logits (vocab-parallel lm_head)",
             op=Collective.ALL_GATHER,
-            group="stage",
-            group_size=layout.lm_head_tp,
-            per="step",
             bytes_per_token=model.vocab_size * ACT_BYTES,
         ),
     ]
+
+
+def _hidden(model: ModelSpec) -> float:
+    """Bytes of one token's hidden state as activations travel."""
+    return model.hidden_size * ACT_BYTES
 
 
 def _decode_context_parallel(layout: Layout, model: ModelSpec) -> list[CommStep]:
@@ -170,16 +141,10 @@ def _decode_context_parallel(layout: Layout, model: ModelSpec) -> list[CommStep]
     out_width = mla.kv_lora_rank if mla else att.head_dim
     phase = "decode" if mla else None
 
+    layer = _on("attn_tp", d, "attention_layer")
+
     def step(where: str, op: Collective, bytes_per_token: float, **kw: object) -> CommStep:
-        return CommStep(
-            where=where,
-            op=op,
-            group="attn_tp",
-            group_size=d,
-            per="attention_layer",
-            bytes_per_token=bytes_per_token,
-            **{"phase": phase, **kw},
-        )
+        return layer(where=where, op=op, bytes_per_token=bytes_per_token, **{"phase": phase, **kw})
 
     steps = []
     if not layout.dcp_q_replicate:
@@ -212,18 +177,9 @@ def _decode_context_parallel(layout: Layout, model: ModelSpec) -> list[CommStep]
 def _pipeline(layout: Layout, model: ModelSpec) -> list[CommStep]:
     if layout.pp == 1:
         return []
-    h2 = model.hidden_size * ACT_BYTES
-    return [
-        CommStep(
-            where="activations to the next stage",
-            op=Collective.SEND_RECV,
-            group="pp",
-            group_size=2,
-            per="stage_boundary",
-            count=layout.pp - 1,
-            bytes_per_token=h2,
-        )
-    ]
+    boundary = _on("pp", 2, "stage_boundary")
+    where = "activations to the next stage"
+    return [boundary(where=where, op=Collective.SEND_RECV, count=layout.pp - 1, bytes_per_token=_hidden(model))]
 
 
 BUILDERS: tuple[Callable[[Layout, ModelSpec], list[CommStep]], ...] = (
