@@ -31,9 +31,9 @@ def test_the_winner_has_a_binding_constraint_and_a_command_that_starts(user_case
     best = user_case.best
     assert best is not None and user_case.explanation is not None
     assert user_case.explanation.bound in {"kv_capacity", "memory", "compute", "comm", "launch", "host", "prefill"}
-    checked = check_command(list(best.launch), cluster=user_case.result.cluster)
+    checked = check_command(list(best.launch), cluster=user_case.result.case.cluster)
     assert checked.setup.valid and checked.setup.gpus_used == 8
-    assert memory_ledger(checked.model, checked.setup.layout, user_case.result.cluster).verdict == "ok"
+    assert memory_ledger(checked.model, checked.setup.layout, user_case.result.case.cluster).verdict == "ok"
     assert user_case.verify[0] == best.launch
 
 
@@ -262,7 +262,7 @@ def test_what_a_search_lets_go_comes_back_as_it_was_priced(user_case):
     running requests where the predictions were capped (the last level is beyond every pool). Setups that differ
     only in their memory fraction share their predictions wherever they run as many requests."""
     result = user_case.result
-    isl, osl = result.isl, result.osl
+    isl, osl = result.case.isl, result.case.osl
     assert result.concurrency[-1] > max(c.memory.max_concurrency(isl=isl, osl=osl) for c in result.candidates)
     for c in result.candidates:
         assert c.setup.valid and c.setup.layout == c.layout and c.setup.given == c.given

@@ -58,7 +58,7 @@ def simulate_best(
     chosen = [(n, s.candidate) for n, s in scores if s.candidate.layout.options.spec is None][:top]
     ranked, dropped = [], []
     for place, candidate in chosen:
-        steps = StepTimes(result.model, candidate.layout, result.cluster, book=result.book)
+        steps = StepTimes(result.case.model, candidate.layout, result.case.cluster, book=result.case.book)
         try:
             runs = [simulate(steps, candidate.memory, workload) for workload in workloads]
         except SpecError as exc:  # a request longer than the setup's KV pool

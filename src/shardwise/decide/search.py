@@ -190,16 +190,14 @@ class Excluded:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
-    model: ModelSpec
+    """What a search found for its case: the setups it predicted at every concurrency, and those it excluded."""
+
+    case: SearchCase  # the model, cluster and request lengths it searched for, and its price book
     model_ref: str
-    cluster: ClusterSpec
-    isl: int
-    osl: int
     concurrency: tuple[int, ...]
     candidates: tuple[Candidate, ...]
     excluded: tuple[Excluded, ...]
     engines: tuple[str, ...] = field(default_factory=tuple)
-    book: PriceBook = field(default_factory=PriceBook, compare=False, repr=False)  # the search's, for what-ifs
 
 
 MAX_LEVEL = 65_536  # the most clients a saturating search goes to
@@ -482,14 +480,10 @@ def search(
             progress(n, len(plan))
     state.predict(saturate=saturate)
     return SearchResult(
-        model=model,
+        case=state.case,
         model_ref=model_ref,
-        cluster=cluster,
-        isl=isl,
-        osl=osl,
         concurrency=state.concurrency,
         candidates=tuple(state.candidates),
         excluded=tuple(state.excluded.values()),
         engines=tuple(engines),
-        book=state.book,
     )

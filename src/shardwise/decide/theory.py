@@ -222,14 +222,15 @@ def _too_long(result: SearchResult) -> tuple[str, ...]:
     n = sum(e.verdict == "too_long" for e in result.excluded)
     if not n:
         return ()
-    context = result.model.max_position_embeddings
-    if context and result.isl + result.osl > context:
+    case = result.case
+    context = case.model.max_position_embeddings
+    if context and case.isl + case.osl > context:
         return (
-            f"{n} setups start, but a request of {result.isl:,} + {result.osl:,} tokens is longer than the "
-            f"{context:,} tokens of {result.model.name}'s context: shorten the requests",
+            f"{n} setups start, but a request of {case.isl:,} + {case.osl:,} tokens is longer than the "
+            f"{context:,} tokens of {case.model.name}'s context: shorten the requests",
         )
     return (
-        f"{n} setups start, but none holds one request of {result.isl:,} + {result.osl:,} tokens in its KV pool: "
+        f"{n} setups start, but none holds one request of {case.isl:,} + {case.osl:,} tokens in its KV pool: "
         "shorten the requests, or give the pool more room (more GPUs, FP8 KV cache)",
     )
 

@@ -41,15 +41,15 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
     out.append(_nvlink(result, ranking, base))
     out.append(
         WhatIf(
-            label=f"twice the GPUs ({2 * result.cluster.num_gpus})",
+            label=f"twice the GPUs ({2 * result.case.cluster.num_gpus})",
             setup=f"2× {win.candidate.name}",
             output_tok_s=2 * base,
             gain=2.0,
             note="two copies behind a router; a wider layout may do better: search it with --gpus "
-            f"2x{result.cluster.gpus_per_node}x{result.cluster.gpu.name}",
+            f"2x{result.case.cluster.gpus_per_node}x{result.case.cluster.gpu.name}",
         )
     )
-    if result.model.moe is not None:
+    if result.case.model.moe is not None:
         engine = get_engine(win.candidate.engine)
         seen: set[str] = set()
         for label, opts in engine.what_if_options:
@@ -70,15 +70,20 @@ def _with_options(
     """The winner's command with `options` added, as the engine would take it, predicted over the sweep; or why
     it does not serve (the engine's refusal, or no KV room for one request)."""
     setup = engine.setup(
-        {**winner.given, **options}, model=result.model, cluster=result.cluster, version=engine.version(winner.version)
+        {**winner.given, **options},
+        model=result.case.model,
+        cluster=result.case.cluster,
+        version=engine.version(winner.version),
     )
     if not setup.valid or setup.layout is None:
         return f"the engine refuses it: {setup.rejections[0].reason}"
-    memory = memory_ledger(result.model, setup.layout, result.cluster, book=result.book)
-    if memory.max_concurrency(isl=result.isl, osl=result.osl) < 1:
+    memory = memory_ledger(result.case.model, setup.layout, result.case.cluster, book=result.case.book)
+    if memory.max_concurrency(isl=result.case.isl, osl=result.case.osl) < 1:
         return f"it leaves no KV room for one request{': ' + memory.reason if memory.reason else ''}"
-    predictor = Predictor(result.model, setup.layout, result.cluster, memory, accept_length=accept, book=result.book)
-    return setup, predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl)
+    predictor = Predictor(
+        result.case.model, setup.layout, result.case.cluster, memory, accept_length=accept, book=result.case.book
+    )
+    return setup, predictor.sweep(result.concurrency, isl=result.case.isl, osl=result.case.osl)
 
 
 def _engine_option(
@@ -129,15 +134,17 @@ def _option(result: SearchResult, winner: Candidate, base: float, label: str) ->
 
 
 def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | None:
-    cluster = result.cluster
+    cluster = result.case.cluster
     if cluster.intra.link.kind != "pcie":
         return None
     linked = with_intra_node(cluster, f"{cluster.name} with NVLink", {"link": HYPOTHETICAL_LINK, "p2p": True})
     best, best_name = 0.0, None
     for score in ranking.scores[:REPREDICTED]:
         c = score.candidate
-        predictor = Predictor(result.model, c.layout, linked, c.memory, book=result.book)
-        peak = max(p.output_tok_s for p in predictor.sweep(result.concurrency, isl=result.isl, osl=result.osl))
+        predictor = Predictor(result.case.model, c.layout, linked, c.memory, book=result.case.book)
+        peak = max(
+            p.output_tok_s for p in predictor.sweep(result.concurrency, isl=result.case.isl, osl=result.case.osl)
+        )
         if peak > best:
             best, best_name = peak, c.name
     return WhatIf(
@@ -152,7 +159,7 @@ def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | Non
 def _speculative(result: SearchResult, winner: Candidate, base: float, accept: float | None) -> list[WhatIf]:
     engine = get_engine(winner.engine)
     kinds = []
-    if result.model.num_mtp_layers > 0:
+    if result.case.model.num_mtp_layers > 0:
         kinds.append(("MTP", "mtp", None))
     drafter = drafter_of(result.model_ref.lower(), "dflash")
     if drafter is not None:

@@ -37,8 +37,8 @@ def headline(t: Theory) -> str:
     r = t.result
     engines = " and ".join(r.engines)
     return (
-        f"{r.model.name} on {r.cluster.name} ({r.cluster.intra.link.display_name}), {engines}; "
-        f"{r.isl} in / {r.osl} out; objective {t.ranking.objective.value}"
+        f"{r.case.model.name} on {r.case.cluster.name} ({r.case.cluster.intra.link.display_name}), {engines}; "
+        f"{r.case.isl} in / {r.case.osl} out; objective {t.ranking.objective.value}"
     )
 
 
@@ -47,7 +47,7 @@ def narrative(t: Theory) -> list[str]:
     r, win, ex = t.result, t.ranking.best, t.explanation
     if win is None or ex is None:
         if not r.candidates:
-            return [f"No setup of {r.model.name} serves on {r.cluster.name}.", *t.would_fit]
+            return [f"No setup of {r.case.model.name} serves on {r.case.cluster.name}.", *t.would_fit]
         limit = _slo_text(t)
         return [f"No setup meets {limit} at any concurrency of the sweep; relax the limit or add GPUs."]
     c, p = win.candidate, win.at
@@ -110,7 +110,7 @@ def narrative(t: Theory) -> list[str]:
 
 def _saturation_line(t: Theory, c: Candidate) -> str:
     """Where the winner's throughput stops rising, and the knee: the least load within KNEE of it."""
-    peak, k, cap = c.peak, knee(c), c.memory.max_concurrency(isl=t.result.isl, osl=t.result.osl)
+    peak, k, cap = c.peak, knee(c), c.memory.max_concurrency(isl=t.result.case.isl, osl=t.result.case.osl)
     levels = t.result.concurrency
     if peak.concurrency == levels[-1] and peak.running < cap:
         where = (
@@ -291,7 +291,7 @@ def _ranked_table(t: Theory, top: int) -> Table:
             f"{p.per_user_tok_s:,.1f}",
             f"{one.output_tok_s:,.1f}",
             p.bound.replace("kv_capacity", "KV"),
-            str(c.memory.max_concurrency(isl=t.result.isl, osl=t.result.osl)),
+            str(c.memory.max_concurrency(isl=t.result.case.isl, osl=t.result.case.osl)),
         )
     return table
 
@@ -509,17 +509,17 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
             "rank": n,
             "score": round(s.value, 3),
             "at_concurrency": s.at.concurrency,
-            **_candidate_payload(s.candidate, r.isl, r.osl),
+            **_candidate_payload(s.candidate, r.case.isl, r.case.osl),
         }
         for n, s in enumerate(scores, start=1)
     ]
     ex = t.explanation
     return {
-        "model": r.model.name,
-        "cluster": r.cluster.name,
+        "model": r.case.model.name,
+        "cluster": r.case.cluster.name,
         "engines": list(r.engines),
-        "isl": r.isl,
-        "osl": r.osl,
+        "isl": r.case.isl,
+        "osl": r.case.osl,
         "concurrency": list(r.concurrency),
         "objective": t.ranking.objective.value,
         "best": ranked[0] if ranked else None,
