@@ -14,7 +14,14 @@ from typing import Any, ClassVar
 from packaging.version import Version
 
 from shardwise.engines.base import Context, Note, Rejection, Rule, Setup, run_rules
-from shardwise.engines.flags import EngineArgError, flag_table, parse_flags, parse_version, render_command
+from shardwise.engines.flags import (
+    EngineArgError,
+    flag_table,
+    parse_flags,
+    parse_version,
+    render_command,
+    table_defaults,
+)
 from shardwise.engines.layout import Layout
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -42,9 +49,9 @@ class FlagEngine:
 
     # --- what each engine supplies ----------------------------------------------------------------------
 
-    def effective(
-        self, given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
-    ) -> tuple[dict[str, Any], list[Note]]:
+    def effective(self, f: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec) -> list[Note]:
+        """Apply the engine's own rewrites to `f` (its defaults with the command's options over them), in place, and
+        say each one."""
         raise NotImplementedError
 
     def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
@@ -116,7 +123,8 @@ class FlagEngine:
         env: dict[str, str] | None = None,
     ) -> Setup:
         """Rewrites, rules and layout of options given by canonical name."""
-        flags, notes = self.effective(given, version=version, cluster=cluster, model=model)
+        flags = {**table_defaults(self.name), **given}
+        notes = self.effective(flags, version=version, cluster=cluster, model=model)
         available = self._gpus_available(cluster, flags, env or {})
         ctx = Context(
             flags=flags,

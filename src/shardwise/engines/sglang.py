@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from shardwise.engines.base import BenchLoad, Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
-from shardwise.engines.flags import HEAD_IP, flag_table, head_port, table_defaults
+from shardwise.engines.flags import HEAD_IP, flag_table, head_port
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.sglang_memory import attn_dp_padding_mib, auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
@@ -203,13 +203,10 @@ def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: 
     ]
 
 
-def effective_flags(
-    given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
-) -> tuple[dict[str, Any], list[Note]]:
-    """The configuration SGLang runs: defaults filled in and its silent rewrites applied, each with a note."""
+def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec) -> list[Note]:
+    """The configuration SGLang runs: its silent rewrites applied to `f` (its defaults with the command's options over
+    them), each with a note."""
     table = flag_table("sglang")
-    f = table_defaults("sglang")
-    f.update(given)
     f.setdefault("attn_dp_size", 1)
     tier = memory_tier(table.memory_tiers, cluster, version)
     notes = [
@@ -221,7 +218,7 @@ def effective_flags(
         *_speculative(f, version),
     ]
     notes += _memory(f, model, cluster, version)
-    return f, notes
+    return notes
 
 
 def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from shardwise.engines.base import BenchLoad, Note, Rule, divisors, register_engine
 from shardwise.engines.flag_engine import FlagEngine
-from shardwise.engines.flags import HEAD_IP, EngineArgError, flag_table, table_defaults
+from shardwise.engines.flags import HEAD_IP, EngineArgError, flag_table
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.vllm_rules import RULES, gpus_used
 from shardwise.spec.cluster import ClusterSpec
@@ -38,12 +38,10 @@ DRAFT_KINDS = {
 }
 
 
-def effective_flags(
-    given: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec
-) -> tuple[dict[str, Any], list[Note]]:
+def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec) -> list[Note]:
+    """The configuration vLLM runs: its silent rewrites applied to `f` (its defaults with the command's options over
+    them), each with a note."""
     table = flag_table("vllm")
-    f = table_defaults("vllm")
-    f.update(given)
     notes = []
     if f["all2all_backend"] in REMOVED_A2A:
         notes.append(
@@ -86,7 +84,7 @@ def effective_flags(
         )
     if f["pipeline_parallel_size"] > 1 and f["data_parallel_size"] > 1:
         notes.append(Note(kind="warning", message="DP ranks sit outside PP stages: each DP rank is a full pipeline"))
-    return f, notes
+    return notes
 
 
 def _kv_sizing(f: dict[str, Any], sizing: dict[str, Any], *, cluster: ClusterSpec, version: Version) -> list[Note]:
