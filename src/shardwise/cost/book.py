@@ -9,9 +9,9 @@ the book. Each table is bounded, least recently used first out (`Memo`), or clea
 The tables, in the order a step is priced (docs/how-a-step-is-priced.md):
 - `ops` (`OpBook`): the weights as each split holds them, each stage's layer kinds, interned op inputs, collective
   templates and where their groups sit;
-- `op_prices(cluster, engine, version, tables)`: each op's cost by its key, each layer piece's costs and sums, a
-  layer's GEMMs by what they follow from;
-- `comm_prices(cluster)`: collective times and each stage's collectives' sums;
+- `op_prices(cluster, engine, version, tables)`: each op's cost by its key, each piece's costs and sums, a layer's
+  GEMMs by what they follow from;
+- `comm_prices(cluster)`: collective times;
 - `layout_prices(...)`: per set of layouts whose ops cost the same, the step model, its step figures and stage sums,
   and what the serving models built on it remember (decode cycles, prefill times);
 - the memory ledger's weight profiles, per-stage weights, KV cells and GPU stages.
@@ -34,23 +34,22 @@ ENTRIES = 200_000  # op costs (or layer pieces) one table holds before it is cle
 class OpPrices:
     """The priced ops of one cluster and one engine release's kernel tables (or the roofline alone)."""
 
-    __slots__ = ("gemm_sums", "layers", "ops", "pieces")
+    __slots__ = ("gemm_sums", "ops", "pieces")
 
     def __init__(self) -> None:
         self.ops: dict[Hashable, Any] = {}  # OpCost by op key (`ops.build.OpKey`)
-        self.layers: dict[Hashable, Any] = {}  # a layer's piece (its ops' costs and sums) by its `LayerPiece`
+        # a piece's costs and sums by its key (`ops.build.PieceKey`: keys of different kinds never compare equal)
+        self.pieces: dict[Hashable, Any] = {}
         self.gemm_sums: dict[Hashable, Any] = {}  # a layer's GEMMs' costs and sums by what they follow from
-        self.pieces: dict[Hashable, Any] = {}  # the embedding's and the head's pieces by their keys
 
 
 class CommPrices:
     """The collective times of one cluster."""
 
-    __slots__ = ("pieces", "times")
+    __slots__ = ("times",)
 
     def __init__(self) -> None:
         self.times: dict[tuple, float] = {}  # one run's time by (collective, size, span, implementation)
-        self.pieces: dict[Hashable, Any] = {}  # a stage's collectives' sums by their `CommsPiece`
 
 
 class PrefillPrices:

@@ -363,18 +363,18 @@ class _Pricer:
 
     def piece(self, key: PieceKey) -> _Piece:
         """A piece's costs and sums: its key holds all they follow from, so it is priced once for every layout that
-        runs it alike (a stage's collectives for every layout on the cluster)."""
-        if type(key) is LayerPiece:
-            table, make = self._ops.layers, self._layer
-        elif type(key) is CommsPiece:
-            table, make = self._comm.pieces, self._comms
-        else:
-            table, make = self._ops.pieces, self._once
-        piece = table.get(key)
+        runs it alike."""
+        piece = self._ops.pieces.get(key)
         if piece is None:
-            if len(table) >= ENTRIES:
-                table.clear()
-            piece = table[key] = make(key)
+            if len(self._ops.pieces) >= ENTRIES:
+                self._ops.pieces.clear()
+            if type(key) is LayerPiece:
+                piece = self._layer(key)
+            elif type(key) is CommsPiece:
+                piece = self._comms(key)
+            else:
+                piece = self._once(key)
+            self._ops.pieces[key] = piece
         return piece
 
     def _layer(self, key: LayerPiece) -> _Piece:
@@ -421,7 +421,7 @@ class _Pricer:
             else:
                 comm += seconds * e.count
             kernels += e.count
-        # listed when asked, from the key alone: the piece is shared by every layout on the cluster
+        # listed when asked, from the key alone
         return _Piece(
             sums=PieceSums(0.0, 0.0, 0.0, comm, hidden, kernels),
             costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)),
