@@ -19,16 +19,18 @@ The tables, in the order a step is priced (docs/how-a-step-is-priced.md):
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from shardwise.memo import Memo
 from shardwise.ops.build import OpBook
 
 if TYPE_CHECKING:
+    from shardwise.cost.roofline import OpCost
+    from shardwise.cost.step import Figures, PieceSums, PricedPiece, StepCost
+    from shardwise.ops.build import GemmInputs, OpKey, PieceKey, StepModel
     from shardwise.spec.cluster import ClusterSpec
 
-ENTRIES = 200_000  # op costs (or layer pieces) one table holds before it is cleared (8x8 H100, both engines: 60,000)
+ENTRIES = 200_000  # op costs (or pieces) one table holds before it is cleared (8x8 H100: under 40,000 pieces a release)
 
 
 class OpPrices:
@@ -37,10 +39,13 @@ class OpPrices:
     __slots__ = ("gemm_sums", "ops", "pieces")
 
     def __init__(self) -> None:
-        self.ops: dict[Hashable, Any] = {}  # OpCost by op key (`ops.build.OpKey`)
-        # a piece's costs and sums by its key (`ops.build.PieceKey`: keys of different kinds never compare equal)
-        self.pieces: dict[Hashable, Any] = {}
-        self.gemm_sums: dict[Hashable, Any] = {}  # a layer's GEMMs' costs and sums by what they follow from
+        self.ops: dict[OpKey, OpCost] = {}
+        self.pieces: dict[PieceKey, PricedPiece] = {}  # keys of different kinds never compare equal
+        # a layer's GEMMs' costs and sums by its matrices, which of them see every attention-DP rank's tokens, the phase
+        # and the tokens
+        self.gemm_sums: dict[
+            tuple[tuple[GemmInputs, ...], bool, bool, str, int, int], tuple[tuple[OpCost, ...], PieceSums]
+        ] = {}
 
 
 class CommPrices:
@@ -72,11 +77,11 @@ class LayoutPrices:
     __slots__ = ("cycles", "figures", "prefills", "pricer", "step_model", "steps", "sums")
 
     def __init__(self) -> None:
-        self.step_model: Any = None
-        self.pricer: Any = None
-        self.sums: dict[tuple, Any] = {}
-        self.figures: dict[tuple, Any] = {}
-        self.steps: dict[tuple, Any] = {}
+        self.step_model: StepModel | None = None
+        self.pricer: Any = None  # its pricer, once made
+        self.sums: dict[tuple, dict[int, PieceSums]] = {}  # each class of stages' sums, by the step's ops' key
+        self.figures: dict[tuple, Figures] = {}  # by the ops' key and how the host issues the step
+        self.steps: dict[tuple, StepCost] = {}
         self.cycles: dict[tuple, tuple[float, dict[str, float]]] = {}
         self.prefills: dict[tuple[bool, float], PrefillPrices] = {}
 
@@ -109,5 +114,5 @@ class PriceBook:
     def comm_prices(self, cluster: ClusterSpec) -> CommPrices:
         return self._comm_prices.get((cluster,), None, CommPrices)
 
-    def layout_prices(self, owners: tuple[object, ...], key: Hashable) -> LayoutPrices:
+    def layout_prices(self, owners: tuple[object, ...], key: tuple) -> LayoutPrices:
         return self._layouts.get(owners, key, LayoutPrices)

@@ -60,11 +60,11 @@ class StepCost:
     new_tokens: int
     context_tokens: int
     figures: Figures  # per stage
-    listing: Callable[[], tuple[tuple[int, int, _Piece], ...]] = field(repr=False, compare=False)
+    listing: Callable[[], tuple[tuple[int, int, PricedPiece], ...]] = field(repr=False, compare=False)
     release: str = ""  # the engine release modelled
 
     @cached_property
-    def pieces(self) -> tuple[tuple[int, int, _Piece], ...]:
+    def pieces(self) -> tuple[tuple[int, int, PricedPiece], ...]:
         """(stage, times run, its ops' costs, one run each) of every piece (listed when asked: a search sums each
         kind of stage once and reads only the times)."""
         return self.listing()
@@ -290,7 +290,7 @@ class StepCostModel:
         return key, whole, figures
 
     def _stage_sums(self, phase: Phase, requests: int, new_tokens: int, context: int) -> dict[int, PieceSums]:
-        """The sums of each class of stages (`StepModel.stage_classes`), by its first stage: `_Piece.sums` times as
+        """The sums of each class of stages (`StepModel.stage_classes`), by its first stage: `PricedPiece.sums` times as
         often as each piece runs, in its pieces' order (each piece priced once)."""
         firsts = self.step_model.class_firsts(phase)
         shape, keys = self.step_model.piece_keys(
@@ -313,7 +313,7 @@ class StepCostModel:
         return {stage: PieceSums(*added) for stage, added in sums.items()}
 
     def _stage(self, sums: PieceSums, graphed: bool, per_request: float = 0.0) -> StageFigures:
-        """One stage's figures from the sums of its pieces (`_Piece.sums`): its GPU work,
+        """One stage's figures from the sums of its pieces (`PricedPiece.sums`): its GPU work,
         and the host's where it is longer. `per_request` is the scheduler's work for the running requests: beside
         the launches when the scheduler overlaps the GPU, after them otherwise."""
         compute, memory, launch, comm, hidden_comm, kernels = sums
@@ -346,11 +346,11 @@ class _Pricer:
         self.cluster, self.rates = cluster, rates(cluster)
         self._comm = book.comm_prices(cluster)
         self._measured = MeasuredKernels(cluster.gpu.name, layout.engine, layout.version, enabled=tables)
-        self._listed: dict[tuple, tuple[tuple[int, int, _Piece], ...]] = {}  # each step's pieces, when asked
+        self._listed: dict[tuple, tuple[tuple[int, int, PricedPiece], ...]] = {}  # each step's pieces, when asked
         # an op's cost follows from the op, the cluster and the tables of this engine release: layouts share them
         self._ops = book.op_prices(cluster, layout.engine, layout.version, tables)
 
-    def listed(self, key: tuple, requests: int) -> tuple[tuple[int, int, _Piece], ...]:
+    def listed(self, key: tuple, requests: int) -> tuple[tuple[int, int, PricedPiece], ...]:
         """Every piece of the step `key` names (see `step`), each priced once: shared by the layouts that share them."""
         listed = self._listed.get(key)
         if listed is None:
@@ -361,7 +361,7 @@ class _Pricer:
             listed = self._listed[key] = tuple((p.stage, p.count, self.piece(p.key)) for p in pieces)
         return listed
 
-    def piece(self, key: PieceKey) -> _Piece:
+    def piece(self, key: PieceKey) -> PricedPiece:
         """A piece's costs and sums: its key holds all they follow from, so it is priced once for every layout that
         runs it alike."""
         piece = self._ops.pieces.get(key)
@@ -377,7 +377,7 @@ class _Pricer:
             self._ops.pieces[key] = piece
         return piece
 
-    def _layer(self, key: LayerPiece) -> _Piece:
+    def _layer(self, key: LayerPiece) -> PricedPiece:
         """A layer's piece: its GEMMs' costs and sums kept for every layout that runs them alike (they follow from the
         layer's matrices, the phase and the tokens alone), then its other ops added in their order."""
         inputs, phase, rank_tokens, stage_tokens = key.inputs, key.phase, key.rank_tokens, key.stage_tokens
@@ -388,11 +388,11 @@ class _Pricer:
             gemms = self._ops.gemm_sums[shared] = (costs, _added(costs, NO_SUMS))
         known, cost = self._ops.ops, self._cost
         rest = tuple(known.get(k) or cost(k) for k in layer_other_keys(key))
-        return _Piece(gemms[0] + rest, _added(rest, gemms[1]))
+        return PricedPiece(gemms[0] + rest, _added(rest, gemms[1]))
 
-    def _once(self, key: PieceKey) -> _Piece:
+    def _once(self, key: PieceKey) -> PricedPiece:
         """The embedding's or the head's piece: its ops priced here (no other piece runs them)."""
-        return _Piece(tuple(self._priced(k) for k in piece_op_keys(key)))
+        return PricedPiece(tuple(self._priced(k) for k in piece_op_keys(key)))
 
     def _cost(self, key: OpKey) -> OpCost:
         """The cost of the op `key` names, kept by its key."""
@@ -407,7 +407,7 @@ class _Pricer:
         op = key.op()
         return compute_cost(op, self.rates, self._measured.time(op))
 
-    def _comms(self, key: CommsPiece) -> _Piece:
+    def _comms(self, key: CommsPiece) -> PricedPiece:
         """A stage's collectives: summed from each collective's time (the ops and their costs listed when asked)."""
         comm, hidden, kernels = 0.0, 0.0, 0
         times, cluster = self._comm.times, self.cluster
@@ -422,13 +422,13 @@ class _Pricer:
                 comm += seconds * e.count
             kernels += e.count
         # listed when asked, from the key alone
-        return _Piece(
+        return PricedPiece(
             sums=PieceSums(0.0, 0.0, 0.0, comm, hidden, kernels),
             costs=lambda: tuple(comm_cost(op, cluster, times) for op in comm_ops(key)),
         )
 
 
-class _Piece:
+class PricedPiece:
     """The costs of a piece's ops, each run once, and their sums as a stage adds them up: compute-bound and
     memory-bound GPU time (launches apart), per-kernel GPU time, collectives on the critical path, those two-batch
     overlap hides, and kernel launches. Every figure is linear in how often the piece runs. `costs` is either the
