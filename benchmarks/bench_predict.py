@@ -11,6 +11,7 @@ import time
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import layouts
 from shardwise.serve.steady import Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
 
@@ -28,7 +29,7 @@ def main() -> None:
         if memory.max_concurrency(isl=1024, osl=1024) < 1:
             continue
         start = time.perf_counter()
-        predictions = Predictor(model, setup.layout, cluster, memory).sweep(CLIENTS, isl=1024, osl=1024)
+        predictions = Predictor(StepTimes(model, setup.layout, cluster), memory).sweep(CLIENTS, isl=1024, osl=1024)
         elapsed_ms = (time.perf_counter() - start) * 1e3
         timings.append(elapsed_ms)
         best = max(p.output_tok_s for p in predictions)

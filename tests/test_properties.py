@@ -16,6 +16,7 @@ from shardwise.engines.check import check_command
 from shardwise.errors import ShardwiseError
 from shardwise.measure.importers import read_results
 from shardwise.serve.steady import Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import build_cluster, load_cluster
 from shardwise.spec.hf_config import model_from_config
 
@@ -73,7 +74,7 @@ def test_every_layout_of_a_random_model_is_sound(config, gpus):
         again = get_engine("sglang").resolve(launch[3:], model=model, cluster=cluster)
         assert again.valid and again.layout.structure() == setup.layout.structure()
         if memory.verdict == "ok" and memory.max_concurrency(isl=256, osl=256) >= 1:
-            for p in Predictor(model, setup.layout, cluster, memory).sweep([1, 16], isl=256, osl=256):
+            for p in Predictor(StepTimes(model, setup.layout, cluster), memory).sweep([1, 16], isl=256, osl=256):
                 assert _finite(p.output_tok_s, p.tpot_s, p.ttft_s) and p.output_tok_s > 0
 
 
@@ -91,7 +92,7 @@ def test_more_gpus_of_the_same_kind_never_lower_the_best_throughput(config):
             memory = memory_ledger(model, setup.layout, cluster)
             full = min(memory.max_concurrency(isl=256, osl=256), 4096)
             if memory.verdict == "ok" and full >= 1:
-                (p,) = Predictor(model, setup.layout, cluster, memory).sweep([full], isl=256, osl=256)
+                (p,) = Predictor(StepTimes(model, setup.layout, cluster), memory).sweep([full], isl=256, osl=256)
                 peaks.append(p.output_tok_s)
         best.append(max(peaks))
     assert best == sorted(best)

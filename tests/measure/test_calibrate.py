@@ -12,6 +12,7 @@ from shardwise.hardware.calibration import Calibration
 from shardwise.measure.calibrate import calibrate
 from shardwise.measure.reference import ReferenceRow, load_rows
 from shardwise.serve.steady import Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
 
 SGLANG = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --disable-cuda-graph "
@@ -27,7 +28,8 @@ def synthetic(truth: dict[str, float], concurrency: int = 1) -> list[ReferenceRo
         layout = checked.setup.layout
         memory = memory_ledger(checked.model, layout, cluster)
         true_cluster = cluster.calibrated(Calibration(gpu=cluster.gpu.name, constants=truth, fitted_on=()))
-        (p,) = Predictor(checked.model, layout, true_cluster, memory).sweep([concurrency], isl=512, osl=256)
+        steps = StepTimes(checked.model, layout, true_cluster)
+        (p,) = Predictor(steps, memory).sweep([concurrency], isl=512, osl=256)
         rows.append(ReferenceRow(id=f"run{n}", source="synthetic", model="llama-3.1-8b", gpus="4xh100",
                                  command=SGLANG + flags, isl=512, osl=256, concurrency=concurrency,
                                  output_tok_s=p.output_tok_s))  # fmt: skip

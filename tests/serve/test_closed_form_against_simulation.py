@@ -31,7 +31,7 @@ def test_ttft_and_tpot_of_waves_agree_with_the_simulation(command, gpus, levels)
     checked = check_command(command, cluster=cluster)
     layout = checked.setup.layout
     memory = memory_ledger(checked.model, layout, cluster)
-    predictor = Predictor(checked.model, layout, cluster, memory)
+    predictor = Predictor(StepTimes(checked.model, layout, cluster), memory)
     steps = StepTimes(checked.model, layout, cluster)
     assert max(levels) <= memory.max_concurrency(isl=1024, osl=1024)  # every client is admitted: waves
     for c in levels:

@@ -30,7 +30,8 @@ def _setup(command: str, gpus: str):
     layout = checked.setup.layout
     memory = memory_ledger(checked.model, layout, cluster)
     assert memory.verdict == "ok"
-    return StepTimes(checked.model, layout, cluster), memory, Predictor(checked.model, layout, cluster, memory)
+    steps = StepTimes(checked.model, layout, cluster)
+    return steps, memory, Predictor(steps, memory)
 
 
 @pytest.fixture(scope="module")
@@ -223,13 +224,11 @@ def test_setups_differing_only_in_memory_share_their_predictions_where_they_run_
     small, large = (m.max_concurrency(isl=1024, osl=1024) for m in memories)
     assert small < large
     levels = [1, 2 * small]
-    a, b = (Predictor(c.model, c.setup.layout, cluster, m, steps=steps, shared=shared).figures(levels, isl=1024,
-                                                                                               osl=1024)
-            for c, m in zip((low, high), memories, strict=True))  # fmt: skip
+    a, b = (Predictor(steps, m, shared=shared).figures(levels, isl=1024, osl=1024) for m in memories)
     assert a[0] is b[0]
     assert (a[1].running, b[1].running) == (small, min(large, 2 * small)) and a[1] is not b[1]
     for c, m, figures in ((low, memories[0], a), (high, memories[1], b)):
-        alone = Predictor(c.model, c.setup.layout, cluster, m).sweep(levels, isl=1024, osl=1024)
+        alone = Predictor(StepTimes(c.model, c.setup.layout, cluster), m).sweep(levels, isl=1024, osl=1024)
         assert [replace(p, decode=None) for p in alone] == list(figures)
 
 

@@ -15,6 +15,7 @@ import pytest
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.serve.steady import Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import load_cluster
 
 SGLANG = "python -m sglang.launch_server --model-path moonshotai/Kimi-K2.6 --trust-remote-code --disable-cuda-graph "
@@ -35,7 +36,7 @@ def predicted() -> dict[str, tuple[float, float]]:
         layout = checked.setup.layout
         memory = memory_ledger(checked.model, layout, cluster)
         assert memory.verdict == "ok", f"{name}: {memory.reason}"
-        sweep = Predictor(checked.model, layout, cluster, memory).sweep(CLIENTS, isl=1024, osl=1024)
+        sweep = Predictor(StepTimes(checked.model, layout, cluster), memory).sweep(CLIENTS, isl=1024, osl=1024)
         out[name] = (sweep[0].output_tok_s, max(p.output_tok_s for p in sweep))
     return out
 

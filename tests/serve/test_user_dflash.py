@@ -36,11 +36,12 @@ class Pair:
         self.spec = check_command(EP8 + DFLASH, cluster=self.cluster)
         self.plain_memory = memory_ledger(self.plain.model, self.plain.setup.layout, self.cluster)
         self.spec_memory = memory_ledger(self.spec.model, self.spec.setup.layout, self.cluster)
-        self.baseline = Predictor(self.plain.model, self.plain.setup.layout, self.cluster, self.plain_memory)
+        self.baseline = Predictor(StepTimes(self.plain.model, self.plain.setup.layout, self.cluster), self.plain_memory)
 
     def drafted(self, accept_length: float) -> Predictor:
         s = self.spec
-        return Predictor(s.model, s.setup.layout, self.cluster, self.spec_memory, accept_length=accept_length)
+        steps = StepTimes(s.model, s.setup.layout, self.cluster, accept_length=accept_length)
+        return Predictor(steps, self.spec_memory)
 
     def speedup(self, accept_length: float, clients: int, isl: int = 1024, osl: int = 1024) -> float:
         spec = self.drafted(accept_length).predict(concurrency=clients, isl=isl, osl=osl)

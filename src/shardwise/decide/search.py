@@ -157,7 +157,7 @@ class Candidate:
         if self.priced_by is None or all(p.decode is not None for p in self.predictions):
             return tuple(self.at(c) for c in levels)
         w = self.priced_by
-        predictor = Predictor(w.model, self.layout, w.cluster, self.memory, book=w.book)
+        predictor = Predictor(StepTimes(w.model, self.layout, w.cluster, book=w.book), self.memory)
         return tuple(predictor.sweep(levels, isl=w.isl, osl=w.osl))
 
     def step_at(self, concurrency: int) -> StepCost:
@@ -365,7 +365,7 @@ class _Search:
             if held is None:
                 shared.clear()  # variants of one layout are considered together
                 held = shared[costs] = (StepTimes(self.model, setup.layout, self.cluster, book=self.book), {})
-            predictor = Predictor(self.model, setup.layout, self.cluster, memory, steps=held[0], shared=held[1])
+            predictor = Predictor(held[0], memory, shared=held[1])  # the step times of its memory-fraction twin
             # the figures only: each decode step's ops are priced again for the few setups a report explains
             predictions = predictor.figures(self.concurrency, isl=self.isl, osl=self.osl)
             self.candidates.append(

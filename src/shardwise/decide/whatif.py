@@ -15,6 +15,7 @@ from shardwise.decide.rank import Ranking
 from shardwise.decide.search import Candidate, SearchResult
 from shardwise.engines.base import Engine, Setup, get_engine
 from shardwise.serve.steady import Prediction, Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import drafter_of
 from shardwise.spec.cluster import with_intra_node
 
@@ -80,8 +81,9 @@ def _with_options(
     memory = memory_ledger(result.case.model, setup.layout, result.case.cluster, book=result.case.book)
     if memory.max_concurrency(isl=result.case.isl, osl=result.case.osl) < 1:
         return f"it leaves no KV room for one request{': ' + memory.reason if memory.reason else ''}"
+    case = result.case
     predictor = Predictor(
-        result.case.model, setup.layout, result.case.cluster, memory, accept_length=accept, book=result.case.book
+        StepTimes(case.model, setup.layout, case.cluster, accept_length=accept, book=case.book), memory
     )
     return setup, predictor.sweep(result.concurrency, isl=result.case.isl, osl=result.case.osl)
 
@@ -141,7 +143,7 @@ def _nvlink(result: SearchResult, ranking: Ranking, base: float) -> WhatIf | Non
     best, best_name = 0.0, None
     for score in ranking.scores[:REPREDICTED]:
         c = score.candidate
-        predictor = Predictor(result.case.model, c.layout, linked, c.memory, book=result.case.book)
+        predictor = Predictor(StepTimes(result.case.model, c.layout, linked, book=result.case.book), c.memory)
         peak = max(
             p.output_tok_s for p in predictor.sweep(result.concurrency, isl=result.case.isl, osl=result.case.osl)
         )

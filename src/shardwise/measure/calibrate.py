@@ -24,6 +24,7 @@ from shardwise.hardware.calibration import CONSTANTS, Calibration
 from shardwise.hardware.load import overheads, runtime
 from shardwise.measure.reference import ReferenceRow
 from shardwise.serve.steady import Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.model import ModelSpec
 
@@ -81,7 +82,7 @@ def _log_errors(prepared: list[_Prepared], constants: dict[str, float], gpu: str
     for p in prepared:
         cluster = p.cluster.calibrated(cal)
         accept = p.row.accept_length
-        (pred,) = Predictor(p.model, p.layout, cluster, p.memory, accept_length=accept).sweep(
+        (pred,) = Predictor(StepTimes(p.model, p.layout, cluster, accept_length=accept), p.memory).sweep(
             [p.row.concurrency or 1], isl=p.row.isl, osl=p.row.osl
         )
         if p.row.output_tok_s:

@@ -37,6 +37,7 @@ from shardwise.measure.bench import Target, run_level
 from shardwise.measure.calibrate import calibrate
 from shardwise.measure.reference import ReferenceRow
 from shardwise.serve.steady import Predictor
+from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec
 
 FAILURES = (  # (reason, pattern in the engine's log), first match wins
@@ -111,7 +112,8 @@ def _predicted(plan: SweepPlan, command: str) -> tuple[str | None, float | None,
     if memory.verdict != "ok":
         return layout.describe(), None, memory.reason or memory.verdict
     top = max(plan.concurrency)
-    (p,) = Predictor(checked.model, layout, plan.cluster, memory).sweep([top], isl=plan.isl, osl=plan.osl)
+    steps = StepTimes(checked.model, layout, plan.cluster)
+    (p,) = Predictor(steps, memory).sweep([top], isl=plan.isl, osl=plan.osl)
     return layout.describe(), p.output_tok_s, None
 
 

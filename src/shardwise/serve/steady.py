@@ -75,32 +75,23 @@ class _Running(NamedTuple):
 
 
 class Predictor:
-    """Serving predictions for one layout on one cluster (build once, ask for many concurrencies)."""
+    """Serving predictions for one layout on one cluster from its step times and memory ledger (build once, ask for
+    many concurrencies)."""
 
     def __init__(
-        self,
-        model: ModelSpec,
-        layout: Layout,
-        cluster: ClusterSpec,
-        memory: MemoryLedger,
-        *,
-        accept_length: float | None = None,
-        steps: StepTimes | None = None,
-        shared: dict[tuple, Prediction] | None = None,
-        book: PriceBook | None = None,
+        self, steps: StepTimes, memory: MemoryLedger, *, shared: dict[tuple, Prediction] | None = None
     ) -> None:
-        """`steps`: the step times of a layout that costs the same (one that differs only in how memory is sized),
-        to share what they have priced; `shared`: the figures-only predictions (`figures`) of such layouts, which
-        differ only where their KV pools cap the running requests differently; `book`: the price book of the search
-        or check the step times are made with (default one of their own)."""
-        self.layout, self.memory = layout, memory
-        self.steps = steps or StepTimes(model, layout, cluster, accept_length=accept_length, book=book)
+        """`steps` may be those of a layout that differs only in how memory is sized (its twin with another memory
+        fraction), to share what they have priced; `shared`: the figures-only predictions (`figures`) of such
+        layouts, which differ only where their KV pools cap the running requests differently."""
+        self.layout, self.memory = steps.layout, memory
+        self.steps = steps
         self.chunk = self.layout.options.chunked_prefill_tokens or 8192
         # prefill times by what they follow from, shared with the layouts that share the step times
         self._prefills = self.steps.prefills.sums
         self._chunks = self.steps.prefills.chunks
         self._shared = {} if shared is None else shared
-        self._mixed = layout.options.scheduler.mixed_batches
+        self._mixed = self.layout.options.scheduler.mixed_batches
         self._steady: dict[tuple, _Running] = {}
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
@@ -231,5 +222,6 @@ def predict(
     """Predicted serving figures of `layout` at each concurrency, for requests of isl in / osl out (with
     speculative decoding, at a mean accepted length of `accept_length` tokens per step; decode-only: prompts
     already cached, no prefill; `book`: the price book of the check, default one of its own)."""
-    predictor = Predictor(model, layout, cluster, memory, accept_length=accept_length, book=book)
+    steps = StepTimes(model, layout, cluster, accept_length=accept_length, book=book)
+    predictor = Predictor(steps, memory)
     return predictor.sweep(concurrency, isl=isl, osl=osl, decode_only=decode_only)
