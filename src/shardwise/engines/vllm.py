@@ -129,11 +129,10 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
     spec = None
     if f.get("speculative_config"):
         cfg = f["speculative_config"]
+        method = str(cfg.get("method", "draft_model"))
+        drafted, draft_model = cfg.get("num_speculative_tokens"), cfg.get("model")
         spec = SpecDecode(
-            algorithm=str(cfg.get("method", "draft_model")),
-            kind=DRAFT_KINDS.get(str(cfg.get("method", "draft_model"))),
-            num_draft_tokens=cfg.get("num_speculative_tokens"),
-            draft_model=cfg.get("model"),
+            algorithm=method, kind=DRAFT_KINDS.get(method), num_draft_tokens=drafted, draft_model=draft_model
         )
     options = EngineOptions(
         cuda_graph=f["cuda_graph"],
