@@ -551,7 +551,12 @@ def _gpu_stages(book: PriceBook, layout: Layout) -> tuple[tuple[int, ...], tuple
     return book.gpu_stages.get((stages,), None, placed)
 
 
-Verdict = tuple[Literal["ok", "oom", "no_kv_room"], str | None, str | None]  # verdict, reason, the engine's error
+class Verdict(NamedTuple):
+    """Whether a layout starts, why not, and the engine's own error where it raises one."""
+
+    verdict: Literal["ok", "oom", "no_kv_room"]
+    reason: str | None
+    engine_error: str | None
 
 
 def _verdict(
@@ -580,16 +585,16 @@ def _verdict(
     )
     if out is None and longest and opts.activations_in_budget and usable < longest.need:
         out = _too_short(longest, usable=usable, rank_bytes_per_token=cell / layout.dcp)
-    stages = checked() if out is not None and out[0] == "no_kv_room" and checked and longest else None
+    stages = checked() if out is not None and out.verdict == "no_kv_room" and checked and longest else None
     if stages and longest:
         error = _first_refusing_worker(stages, longest, dcp=layout.dcp)
-        out = (out[0], out[1], error or out[2])
+        out = out._replace(engine_error=error or out.engine_error)
     if out is None and pool is not None and window_pool_tokens is not None:
         if pool.window_tokens + page >= window_pool_tokens:
             out = _window_pool_too_small(pool, page, window_pool_tokens, full_tokens=tokens)
     if out is None and tokens < 1:
-        out = ("no_kv_room", f"{kv / GiB:.2f} GiB of KV cache is less than one page", None)
-    return out or ("ok", None, None)
+        out = Verdict("no_kv_room", f"{kv / GiB:.2f} GiB of KV cache is less than one page", None)
+    return out or Verdict("ok", None, None)
 
 
 def _out_of_memory(
@@ -600,20 +605,20 @@ def _out_of_memory(
     allocating a KV pool the fraction asks for beyond what is free."""
     needs = f"each GPU of the fullest stage needs {weights / GiB:,.1f} GiB of weights + {rt / GiB:.1f} GiB"
     if weights + rt > capacity:
-        return (
+        return Verdict(
             "oom",
             f"{needs} for the CUDA stack, more than its {capacity / GiB:,.1f} GiB",
             "torch.OutOfMemoryError: CUDA out of memory (while loading weights)",
         )
     if opts.activations_in_budget and weights + rt + act > capacity:
-        return (
+        return Verdict(
             "oom",
             f"{needs} for the CUDA stack + {act / GiB:.1f} GiB at the activation peak of the profile run (a "
             f"prefill chunk of {opts.chunked_prefill_tokens:,} tokens), more than its {capacity / GiB:,.1f} GiB",
             "torch.OutOfMemoryError: CUDA out of memory (while profiling the activation peak)",
         )
     if kv > capacity - weights - rt:
-        return (
+        return Verdict(
             "oom",
             f"the memory fraction {opts.memory_fraction:g} asks for a KV pool of {kv / GiB:,.1f} GiB, more than the "
             f"{(capacity - weights - rt) / GiB:,.1f} GiB free after weights and the CUDA stack; the fraction is a "
@@ -631,7 +636,7 @@ def _no_kv_room(
     _check_enough_kv_cache_memory: available memory ≤ 0 once the null block is held back)."""
     if kv <= 0 and opts.memory_fraction_of == "free_at_start":
         minimum = weights / (capacity - rt)  # 1 - available / pre-load
-        return (
+        return Verdict(
             "no_kv_room",
             f"weights ({weights / GiB:,.1f} GiB) take all of mem_fraction_static "
             f"{opts.memory_fraction:.3f} × {(capacity - rt) / GiB:,.1f} GiB free at start, leaving no KV cache",
@@ -642,7 +647,7 @@ def _no_kv_room(
         )
     if kv <= 0 or (opts.kv_null_blocks and usable <= 0):
         left = "take all of" if kv <= 0 else "leave no block beside the null block within"
-        return (
+        return Verdict(
             "no_kv_room",
             f"weights, activations and runtime {left} gpu_memory_utilization "
             f"{opts.memory_fraction} × {capacity / GiB:,.1f} GiB",
@@ -712,7 +717,7 @@ def _too_short(longest: _Longest, *, usable: int, rank_bytes_per_token: float) -
     """vLLM refuses a pool whose blocks, less the null block, cannot hold one request of max_model_len
     (kv_cache_planning.py _check_enough_kv_cache_memory); its message gives both in one GPU's bytes."""
     shorter = _longest_fitting(longest, usable)
-    return (
+    return Verdict(
         "no_kv_room",
         f"the KV pool hands out {usable:,} tokens, fewer than one request of max_model_len {longest.length:,} needs "
         f"({longest.need:,.0f}); lower --max-model-len to at most {shorter:,}",
@@ -722,12 +727,10 @@ def _too_short(longest: _Longest, *, usable: int, rank_bytes_per_token: float) -
     )
 
 
-def _window_pool_too_small(
-    pool: WindowPool, page: int, window_pool_tokens: int, *, full_tokens: int
-) -> tuple[Literal["no_kv_room"], str, str]:
+def _window_pool_too_small(pool: WindowPool, page: int, window_pool_tokens: int, *, full_tokens: int) -> Verdict:
     """SGLang refuses a window pool that cannot take one request's window and a page (pool_configurator.py
     MemoryPoolConfigurator.validate_swa_pool_size, run as the pools are sized)."""
-    return (
+    return Verdict(
         "no_kv_room",
         f"the sliding-window layers' pool holds {window_pool_tokens:,} tokens ({pool.full_tokens_ratio:g} × the full "
         f"layers' {full_tokens:,}), not more than one request's window of {pool.window_tokens:,} and a page",
