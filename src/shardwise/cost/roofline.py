@@ -90,12 +90,6 @@ class OpCost:
             time_s=self.time_s * times,
         )
 
-    @property
-    def achieved_fraction(self) -> float:
-        """Share of the roofline this op reaches (1 = at the bound's peak)."""
-        ideal = max(self.compute_s, self.memory_s, self.comm_s)
-        return ideal / self.time_s if self.time_s else 1.0
-
 
 def compute_cost(op: Compute, r: Rates, measured: Measured | None = None) -> OpCost:
     """The roofline time of one op; with a measurement of its kernels, the measured time instead (the roofline
