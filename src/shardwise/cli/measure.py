@@ -116,28 +116,63 @@ def validate(
         str | None, typer.Option(help="The launch command the results were measured with, when they do not say.")
     ] = None,
     model: CommandModel = None,
+    measured: Annotated[
+        str,
+        typer.Option(
+            "--set",
+            help="Bundled measurements to predict when no FILE is given: publications (the hand-checked "
+            "published rows), inferencex (every SGLang / vLLM point of the InferenceX benchmark, replayed as its "
+            "script launched it), or all.",
+        ),
+    ] = "publications",
     json: JsonFlag = False,
 ) -> None:
     """Predict measurements and report the error per metric and how often the predictions rank setups as the
     measurements do."""
     from shardwise.measure.gaps import explain  # imported here: the other commands need none of it
     from shardwise.measure.importers import read_results
-    from shardwise.measure.reference import check_row, load_rows, rank_agreement, rows_from_results, summarise
+    from shardwise.measure.inferencex import read_points
+    from shardwise.measure.reference import (
+        breakdown,
+        check_row,
+        headline,
+        load_rows,
+        rank_agreement,
+        rows_from_results,
+        summarise,
+    )
     from shardwise.report import validation as report_validation
 
-    if files:
-        levels = [level for path in files for level in read_results(path)]
-        rows = rows_from_results(levels, command=command, gpus=gpus, model=model)
-    else:
-        rows = list(load_rows())
+    sets = ("publications", "inferencex", "all")
+    if measured not in sets:
+        raise SpecError(f"--set {measured!r}: use one of {', '.join(sets)}")
+    rows, skipped = [], []
+    for path in files or []:
+        if path.suffix == ".csv":  # the InferenceX points form
+            points = read_points(path)
+            rows += points.rows
+            skipped += points.skipped
+        else:
+            levels = read_results(path)
+            rows += rows_from_results(levels, command=command, gpus=gpus, model=model)
+    if not files:
+        if measured in ("publications", "all"):
+            rows += load_rows()
+        if measured in ("inferencex", "all"):
+            points = read_points()
+            rows += points.rows
+            skipped += points.skipped
     checked = [check_row(row) for row in rows]
-    summary = summarise(checked)
+    summary = summarise(checked) if measured == "publications" and not files else headline(checked)
     ranks = rank_agreement(checked)
-    gaps = {c.row.id: explain(c, checked) for c in checked}
+    # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX
+    # points are summarised by group instead
+    gaps = {c.row.id: explain(c, checked) for c in checked if not c.row.source.startswith("InferenceX")}
+    parts = report_validation.Validation(checked, summary, breakdown(checked), ranks, gaps, skipped)
     if json:
-        typer.echo(report_json.dumps(report_validation.validation_payload(checked, summary, ranks, gaps)))
+        typer.echo(report_json.dumps(report_validation.validation_payload(parts)))
     else:
-        report_table.print_renderable(report_validation.validation_view(checked, summary, ranks, gaps))
+        report_table.print_renderable(report_validation.validation_view(parts))
 
 
 @app.command()

@@ -234,6 +234,31 @@ def parse_flags(table: FlagTable, argv: list[str], version: Version) -> dict[str
     return values
 
 
+# Options that say where the server listens, what it is called and what code it may load: never how fast it runs.
+ADDRESSING = frozenset({"--host", "--port", "--trust-remote-code", "--served-model-name", "--api-key", "--log-level"})
+
+
+def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tuple[str, ...]:
+    """The options of `argv` the engine reads and shardwise does not model (its `other_flags`), as given, less
+    the addressing ones; empty for a command the parser refuses."""
+    if table.underscores_to_dashes:
+        argv = [_dashed(a) for a in argv]
+    try:
+        namespace = _parser(table, version).parse_args(argv)
+    except EngineArgError:
+        return ()
+    out = []
+    for key, value in vars(namespace).items():
+        if not key.startswith("_other") or value is None:
+            continue
+        flag = table.other_flags[int(key.removeprefix("_other"))].flags[0]
+        if flag in ADDRESSING:
+            continue
+        shown = " ".join(value) if isinstance(value, list) else value
+        out.append(flag if value is True else f"{flag} {shown}")
+    return tuple(out)
+
+
 def _dashed(token: str) -> str:
     if not token.startswith("--"):
         return token

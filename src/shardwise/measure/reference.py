@@ -8,9 +8,12 @@ metric by metric; the summary is the mean and median absolute percentage error p
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 import statistics
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from itertools import combinations
 from pathlib import Path
@@ -21,6 +24,7 @@ from pydantic import Field, model_validator
 from shardwise.cost.memory import memory_ledger
 from shardwise.cost.step import StepCost
 from shardwise.engines.check import check_command
+from shardwise.engines.flags import flag_table, parse_version, split_command, unmodelled_flags
 from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
@@ -51,9 +55,15 @@ class ReferenceRow(Frozen):
     concurrency: int | None = Field(None, ge=1, description="--max-concurrency; a static batch: its size")
     request_rate: float | None = Field(None, gt=0, description="requests per second sent; .inf: all at once")
     num_prompts: int | None = Field(None, ge=1, description="requests of the run; none: the tools' default, 1000")
+    range_ratio: float | None = Field(
+        None, ge=0, le=1, description="random lengths: each request's drawn uniformly in [int(L × ratio), L]"
+    )
     output_tok_s: float | None = Field(None, gt=0)
-    tpot_ms: float | None = Field(None, gt=0, description="mean time per output token after the first")
-    ttft_ms: float | None = Field(None, gt=0, description="mean time to first token")
+    tpot_ms: float | None = Field(None, gt=0, description="time per output token after the first (see latency)")
+    ttft_ms: float | None = Field(None, gt=0, description="time to first token (see latency)")
+    latency: Literal["mean", "median"] = Field("mean", description="the statistic tpot_ms and ttft_ms report")
+    split_key: str | None = Field(None, description="what the training / held-out split is fixed by; default: source")
+    not_modelled: tuple[str, ...] = Field((), description="what the run set that the prediction does not model")
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
     assumed: str | None = None
 
@@ -90,9 +100,16 @@ class ReferenceRow(Frozen):
         else:
             n, clients, rate = self.num_prompts or 1000, self.concurrency, self.request_rate or math.inf
         pairs = dataset(self.dataset).sample(n, seed=0) if self.dataset else ()
+        if self.range_ratio is not None:
+            lengths = (
+                Lengths.sglang_random(self.isl, self.range_ratio),
+                Lengths.sglang_random(self.osl, self.range_ratio),
+            )
+        else:
+            lengths = Lengths.fixed(self.isl), Lengths.fixed(self.osl)
         return WorkloadSpec(
-            input=Lengths.fixed(self.isl),
-            output=Lengths.fixed(self.osl),
+            input=lengths[0],
+            output=lengths[1],
             pairs=pairs,
             num_requests=n,
             concurrency=clients,
@@ -125,6 +142,7 @@ class Checked:
     cluster: ClusterSpec | None = None  # the GPUs as predicted
     step: StepCost | None = None  # the decode step at the run's mean batch
     kv_tokens: int | None = None  # KV pool per rank, in tokens
+    not_modelled: tuple[str, ...] = ()  # options and environment the run set that the prediction does not model
 
     @property
     def layout(self) -> str | None:
@@ -138,10 +156,12 @@ class Checked:
     def value(self, metric: str) -> float | None:
         if self.simulated is None:
             return None
+        median = self.row.latency == "median"
+        tpot, ttft = self.simulated.tpot_s, self.simulated.ttft_s
         return {
             "output_tok_s": self.simulated.output_tok_s,
-            "tpot_ms": self.simulated.tpot_s.mean * 1e3,
-            "ttft_ms": self.simulated.ttft_s.mean * 1e3,
+            "tpot_ms": (tpot.p50 if median else tpot.mean) * 1e3,
+            "ttft_ms": (ttft.p50 if median else ttft.mean) * 1e3,
         }[metric]
 
     def error(self, metric: str) -> float | None:
@@ -169,13 +189,16 @@ def check_row(
     priced time) to price what that input does to the prediction."""
     cluster = cluster or load_cluster(row.gpus)
     checked = check_command(row.command, cluster=cluster, model=row.model, version=row.engine_version)
+    launch = split_command(row.command)
+    version = parse_version(checked.setup.version, launch.engine)
+    unread = row.not_modelled + unmodelled_flags(flag_table(launch.engine), launch.argv, version)
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"
-        return Checked(row=row, engine=checked.setup.engine, problem=reason)
+        return Checked(row=row, engine=checked.setup.engine, problem=reason, not_modelled=unread)
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
-        return Checked(row=row, engine=layout.engine, problem=memory.reason, layout_spec=layout)
+        return Checked(row=row, engine=layout.engine, problem=memory.reason, layout_spec=layout, not_modelled=unread)
     steps = StepTimes(
         checked.model, layout, cluster, accept_length=row.accept_length, tables=tables, prefill_scale=prefill_scale
     )
@@ -183,7 +206,7 @@ def check_row(
     try:
         result = simulate(steps, memory, workload)
     except SpecError as exc:  # a request the pool cannot hold
-        return Checked(row=row, engine=layout.engine, problem=str(exc), layout_spec=layout)
+        return Checked(row=row, engine=layout.engine, problem=str(exc), layout_spec=layout, not_modelled=unread)
     ranks = max(1, memory.ranks)
     running = max(1, round(result.mean_running * ranks))  # the whole layout's batch at the run's mean
     mean_in, mean_out = workload.mean_lengths
@@ -199,6 +222,7 @@ def check_row(
         cluster=cluster,
         step=decode.step,
         kv_tokens=memory.kv_tokens_per_rank,
+        not_modelled=unread,
     )
 
 
@@ -273,6 +297,75 @@ def _summarise_group(group: str, checked: list[Checked]) -> list[ErrorSummary]:
                     worst=max(errors, key=errors.__getitem__),
                 )
             )
+    return out
+
+
+def headline(checked: list[Checked]) -> list[ErrorSummary]:
+    """The error of each metric over every row that has it: plain decoding, and speculative decoding apart (its
+    figure also rests on the acceptance each row states)."""
+    out = []
+    for kind in ("plain", "speculative"):
+        out += _summarise_group(kind, [c for c in checked if (c.row.accept_length is not None) == (kind != "plain")])
+    return out
+
+
+def split_of(row: ReferenceRow) -> str:
+    """training or held-out, by the row's source as data/measurements/splits.yaml fixes it."""
+    return "held-out" if _source_key(row) in held_out_sources() else "training"
+
+
+def _source_key(row: ReferenceRow) -> str:
+    return Path(row.split_key).name if row.split_key else re.split(r"[,(]", row.source)[0].strip()
+
+
+class Splits(Frozen):
+    rule: str
+    held_out: tuple[str, ...]
+
+
+@cache
+def held_out_sources() -> frozenset[str]:
+    path = Path(str(resources.files("shardwise") / "data" / "measurements" / "splits.yaml"))
+    return frozenset(validate(Splits, read_yaml(path), origin=str(path)).held_out)
+
+
+def family_of(c: Checked) -> str:
+    """The engine and the kind of layout, without its degrees: 'sglang TP EP', 'vllm DP EP dense-TP'."""
+    kind = re.sub(r"\d+", "", c.layout or "not started").replace("\n", " ")
+    return f"{c.engine} {' '.join(kind.split())}"
+
+
+def load_of(row: ReferenceRow) -> str:
+    """The load regime: a static batch, clients in a closed loop (1-8, 9-64, more), or an open-loop burst."""
+    if row.benchmark == "one_batch":
+        return "static batch"
+    if row.concurrency is None:
+        return "open loop"
+    return "C 1-8" if row.concurrency <= 8 else "C 9-64" if row.concurrency <= 64 else "C > 64"
+
+
+BREAKDOWNS = {
+    "release": lambda c: f"{c.engine} {c.row.engine_version or 'unknown'}",
+    "GPU": lambda c: c.row.gpus.split("x", 1)[-1],
+    "family": family_of,
+    "load": lambda c: load_of(c.row),
+    "source": lambda c: "InferenceX" if c.row.source.startswith("InferenceX") else "bundled publications",
+    "split": lambda c: split_of(c.row),
+}
+
+
+def breakdown(checked: list[Checked]) -> list[ErrorSummary]:
+    """The headline's rows grouped by release, GPU, family, load, source and split: beside the headline,
+    never instead of it. A group is named 'dimension: value'."""
+    out = []
+    for dimension, key in BREAKDOWNS.items():
+        groups: dict[str, list[Checked]] = {}
+        for c in checked:
+            groups.setdefault(key(c), []).append(c)
+        for value in sorted(groups):
+            for s in headline(groups[value]):
+                kind = "" if s.group == "plain" else f" ({s.group})"
+                out.append(dataclasses.replace(s, group=f"{dimension}: {value}{kind}"))
     return out
 
 

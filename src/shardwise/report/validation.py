@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
@@ -10,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from shardwise.measure.gaps import Mechanism, beyond
-from shardwise.measure.reference import METRICS, Checked, ErrorSummary, RankAgreement, group_of_row
+from shardwise.measure.inferencex import Skipped
+from shardwise.measure.reference import METRICS, Checked, ErrorSummary, RankAgreement, group_of_row, split_of
 
 Gaps = dict[str, list[Mechanism]]  # row id → the mechanisms that could explain its gap
 
@@ -58,7 +61,7 @@ def gap_lines(checked: list[Checked], gaps: Gaps) -> list[Text]:
     lines = []
     for c in checked:
         metrics = beyond(c)
-        if not metrics:
+        if not metrics or c.row.id not in gaps:
             continue
         errors = ", ".join(f"{LABELS[m]} {c.error(m):+.0%}" for m in metrics)
         lines.append(Text(f"{c.row.id} ({errors}):", style="bold"))
@@ -70,9 +73,69 @@ def gap_lines(checked: list[Checked], gaps: Gaps) -> list[Text]:
     return lines
 
 
-def validation_view(
-    checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement, gaps: Gaps | None = None
-) -> Group:
+@dataclass(frozen=True)
+class Validation:
+    """What validate found: each row predicted, the headline errors, their breakdown, the rank agreement, what
+    could explain the gaps, and the points it could not predict."""
+
+    checked: list[Checked]
+    summary: list[ErrorSummary]
+    breakdown: list[ErrorSummary]
+    ranks: RankAgreement
+    gaps: Gaps
+    skipped: list[Skipped]
+
+
+ROWS_SHOWN = 60  # more rows than this are summarised, not listed (validate --json lists every one)
+
+
+def _summary_line(s: ErrorSummary) -> Text:
+    return Text(
+        f"{s.group} {s.metric}: mean absolute error {s.mape:.0%}, median {s.median_ape:.0%} over {s.rows} rows "
+        f"(worst {s.worst})"
+    )
+
+
+def breakdown_table(groups: list[ErrorSummary]) -> Table:
+    """Median absolute error per group, one column per metric: beside the headline, never instead of it."""
+    table = Table(title="median absolute error by group (rows in brackets)")
+    table.add_column("group")
+    for metric in METRICS:
+        table.add_column(LABELS[metric], justify="right")
+    by: dict[str, dict[str, ErrorSummary]] = {}
+    for s in groups:
+        by.setdefault(s.group, {})[s.metric] = s
+    for group, metrics in by.items():
+        cells = [f"{m.median_ape:.0%} ({m.rows})" if (m := metrics.get(k)) else "—" for k in METRICS]
+        table.add_row(group, *cells)
+    return table
+
+
+def _skipped_lines(skipped: list[Skipped]) -> list[Text]:
+    if not skipped:
+        return []
+    reasons = Counter(s.reason for s in skipped)
+    lines = [Text(f"\n{len(skipped)} points not predicted, by reason (validate --json lists each):")]
+    lines += [Text(f"  {n:4d}  {reason}") for reason, n in reasons.most_common()]
+    return lines
+
+
+def validation_view(v: Validation) -> Group:
+    parts: list[Any] = []
+    if len(v.checked) <= ROWS_SHOWN:
+        parts.append(_rows_table(v.checked))
+    parts += [_summary_line(s) for s in v.summary]
+    if len(v.checked) > ROWS_SHOWN:
+        parts.append(breakdown_table(v.breakdown))
+    parts.append(Text(_ranks_line(v.ranks)))
+    parts += _skipped_lines(v.skipped)
+    gap_text = gap_lines(v.checked, v.gaps)
+    if gap_text:
+        gap_text.insert(0, Text("\nbeyond the stated accuracy, and what could explain it:"))
+    return Group(*parts, *gap_text)
+
+
+def _rows_table(checked: list[Checked]) -> Table:
     table = Table(
         title="measurements against predictions, each run simulated as its benchmark sent it; * = speculative decoding"
     )
@@ -114,17 +177,7 @@ def validation_view(
         "tables = share of a decode step at the run's mean batch priced from measured kernel tables; "
         "! = beyond the stated accuracy (the plain or speculative median below)"
     )
-    lines = [
-        Text(
-            f"{s.group} {s.metric}: mean absolute error {s.mape:.0%}, median {s.median_ape:.0%} over {s.rows} rows "
-            f"(worst {s.worst})"
-        )
-        for s in summary
-    ]
-    gap_text = gap_lines(checked, gaps or {})
-    if gap_text:
-        gap_text.insert(0, Text("\nbeyond the stated accuracy, and what could explain it:"))
-    return Group(table, *lines, Text(_ranks_line(ranks)), *gap_text)
+    return table
 
 
 def _workload_payload(c: Checked) -> dict[str, Any]:
@@ -143,9 +196,22 @@ def _workload_payload(c: Checked) -> dict[str, Any]:
     }
 
 
-def validation_payload(
-    checked: list[Checked], summary: list[ErrorSummary], ranks: RankAgreement, gaps: Gaps | None = None
-) -> dict[str, Any]:
+def _summary_payload(groups: list[ErrorSummary]) -> list[dict[str, Any]]:
+    return [
+        {
+            "group": s.group,
+            "metric": s.metric,
+            "rows": s.rows,
+            "mape": s.mape,
+            "median_ape": s.median_ape,
+            "worst": s.worst,
+        }
+        for s in groups
+    ]
+
+
+def validation_payload(v: Validation) -> dict[str, Any]:
+    checked, gaps, ranks = v.checked, v.gaps, v.ranks
     return {
         "rows": [
             {
@@ -159,25 +225,20 @@ def validation_payload(
                 "group": group_of_row(c),
                 "decode_coverage": c.coverage,
                 "accept_length": c.row.accept_length,
+                "split": split_of(c.row),
+                "latency_statistic": c.row.latency,
+                "not_modelled": list(c.not_modelled),
                 "measured": {m: getattr(c.row, m) for m in METRICS},
                 "predicted": {m: c.value(m) for m in METRICS},
                 "beyond_stated_accuracy": beyond(c),
-                "mechanisms": [m.payload() for m in (gaps or {}).get(c.row.id, [])],
+                "mechanisms": [m.payload() for m in gaps.get(c.row.id, [])],
             }
             for c in checked
         ],
         "rank_agreement": {"groups": ranks.groups, "pairs": ranks.pairs, "concordant": ranks.concordant},
-        "summary": [
-            {
-                "group": s.group,
-                "metric": s.metric,
-                "rows": s.rows,
-                "mape": s.mape,
-                "median_ape": s.median_ape,
-                "worst": s.worst,
-            }
-            for s in summary
-        ],
+        "summary": _summary_payload(v.summary),
+        "breakdown": _summary_payload(v.breakdown),
+        "not_predicted": [{"id": s.id, "reason": s.reason} for s in v.skipped],
     }
 
 

@@ -1,0 +1,123 @@
+"""InferenceX points as rows to predict: each run replayed as its benchmark script launched it and its client sent it.
+
+The file is the form of data/measurements/inferencex.csv (scripts/inferencex_launches.py writes it from the
+InferenceX reference set): one measured point per line with its engine image, GPUs, client settings, the launch
+command its script ran (environment and argv) and the medians the client reported. A user's file of the same form
+is read the same way. Points shardwise cannot replay are kept with the reason: another engine, a model not in the
+bundled catalog, no recovered launch command, speculative decoding without a published acceptance.
+
+The client (InferenceX utils/bench_serving, closed loop): `--random-range-ratio r` draws each request's input and
+output length uniformly in [int(r × L), L]; `--num-prompts` requests (10 per client) under `--max-concurrency`
+clients, all sent at once; warm-up requests run before the timed ones on the same server, so the timed run starts
+from an idle engine, as simulated. TTFT and TPOT are the client's medians.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from shardwise.engines.flags import split_command
+from shardwise.errors import SpecError
+from shardwise.measure.reference import ReferenceRow
+from shardwise.spec.catalog import catalog
+
+ENGINES = ("sglang", "vllm")
+COLUMNS = ("id", "model", "checkpoint", "gpu", "n_gpus", "framework", "framework_version", "spec_decoding")
+COLUMNS += ("isl", "osl", "concurrency", "num_prompts", "output_tok_s", "median_tpot_ms", "median_ttft_ms")
+COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")
+# Environment variables a launch sets that the model reads (the rest are listed per row as not modelled).
+MODELLED_ENV = frozenset({"CUDA_VISIBLE_DEVICES"})
+# Environment that says how Python finds packages, never how fast the engine runs.
+INERT_ENV = frozenset({"PYTHONNOUSERSITE"})
+
+
+@dataclass(frozen=True)
+class Skipped:
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Points:
+    rows: tuple[ReferenceRow, ...]
+    skipped: tuple[Skipped, ...]
+
+
+def bundled_path() -> Path:
+    return Path(str(resources.files("shardwise") / "data" / "measurements" / "inferencex.csv"))
+
+
+def release_of(image: str) -> str | None:
+    """The engine release an image tag names: 'lmsysorg/sglang:v0.5.12-cu130' → 0.5.12, a ROCm dev image
+    '…sgl-dev-v0.5.2-rocm7.0-mi30x-20250915' → 0.5.2; None for nightly or dev tags without one."""
+    found = re.search(r"v(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)", image)
+    return found.group(1) if found else None
+
+
+def _alias(checkpoint: str) -> str | None:
+    lowered = checkpoint.lower()
+    return next((alias for alias, entry in catalog().items() if entry.repo.lower() == lowered), None)
+
+
+def read_points(path: Path | None = None) -> Points:
+    """Every point of the file: the rows shardwise predicts and the points it cannot, with why."""
+    path = path or bundled_path()
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise SpecError(f"{path}: not an InferenceX points file: no column {', '.join(missing)}")
+            points = list(reader)
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    rows, skipped = [], []
+    for point in points:
+        row = _row(point)
+        if isinstance(row, str):
+            skipped.append(Skipped(id=point["id"], reason=row))
+        else:
+            rows.append(row)
+    return Points(rows=tuple(rows), skipped=tuple(skipped))
+
+
+def _row(p: dict[str, str]) -> ReferenceRow | str:
+    """A point as a row to predict, or why it cannot be one."""
+    if p["framework"] not in ENGINES:
+        return f"{p['framework']} is not an engine shardwise models"
+    if not p["command"]:
+        return "no launch command: " + (p.get("launch_problem") or "the file gives none")
+    alias = _alias(p["checkpoint"])
+    if alias is None:
+        return f"{p['checkpoint']} is not in the bundled model catalog"
+    if p["spec_decoding"] not in ("", "none"):
+        return "speculative decoding, and the run's acceptance length is not published"
+    if not p["output_tok_s"]:
+        return "no output tok/s"
+    launch = split_command(p["command"])
+    env = [f"{k}={v}" for k, v in launch.env.items() if k not in MODELLED_ENV | INERT_ENV]
+    ratio = p["random_range_ratio"]
+    return ReferenceRow(
+        id=p["id"],
+        source=f"InferenceX ({p['provenance']}), {p['launch_script']}",
+        model=alias,
+        gpus=f"{p['n_gpus']}x{p['gpu']}",
+        command=p["command"],
+        engine_version=release_of(p["framework_version"]),
+        isl=int(p["isl"]),
+        osl=int(p["osl"]),
+        range_ratio=float(ratio) if ratio[:1].isdigit() else None,
+        concurrency=int(p["concurrency"]),
+        num_prompts=int(p["num_prompts"]) if p["num_prompts"] else 10 * int(p["concurrency"]),
+        request_rate=float("inf"),
+        output_tok_s=float(p["output_tok_s"]),
+        tpot_ms=float(p["median_tpot_ms"]) if p["median_tpot_ms"] else None,
+        ttft_ms=float(p["median_ttft_ms"]) if p["median_ttft_ms"] else None,
+        latency="median",
+        split_key=p["launch_script"].split("@")[0],
+        not_modelled=tuple(env),
+    )

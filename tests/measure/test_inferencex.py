@@ -1,0 +1,117 @@
+"""The InferenceX points, replayed: every SGLang / vLLM point is either a row predicted as its script launched it
+and its client sent it, or listed with why not; the errors over every predicted row are guarded per metric and per
+group, so that none rises unseen."""
+
+import csv
+import statistics
+
+import pytest
+from packaging.version import Version
+
+from shardwise.engines.flags import flag_table, split_command, unmodelled_flags
+from shardwise.errors import SpecError
+from shardwise.measure.inferencex import bundled_path, read_points, release_of
+from shardwise.measure.reference import breakdown, check_row, headline, split_of
+
+POINTS = read_points()
+
+
+def test_every_engine_point_is_a_row_or_says_why_not():
+    with bundled_path().open(newline="") as f:
+        ids = [p["id"] for p in csv.DictReader(f)]
+    assert sorted(r.id for r in POINTS.rows) + sorted(s.id for s in POINTS.skipped) != []
+    assert sorted([r.id for r in POINTS.rows] + [s.id for s in POINTS.skipped]) == sorted(ids)
+    assert all(s.reason for s in POINTS.skipped)
+
+
+def test_every_official_point_has_the_command_its_script_ran():
+    """scripts/inferencex_launches.py ran each script with the CI matrix's values: all 775 official points have a
+    launch command (the experimental sbatch scripts of MiniMax-M2.5 and Qwen3.5 stop before they launch)."""
+    with bundled_path().open(newline="") as f:
+        official = [p for p in csv.DictReader(f) if p["provenance"] == "official_ci_api"]
+    assert len(official) == 775
+    assert [p["id"] for p in official if not p["command"]] == []
+
+
+def test_a_point_is_replayed_as_its_client_sent_it():
+    """ixapp-dsr1-0904: DeepSeek-R1-0528 FP8 on 8×MI355X, SGLang 0.5.8, 1k in / 8k out at concurrency 4: 40
+    prompts, lengths uniform in [819, 1024] and [6553, 8192], all sent at once under 4 clients; latencies are
+    medians."""
+    (row,) = [r for r in POINTS.rows if r.id == "ixapp-dsr1-0904"]
+    spec = row.workload_spec()
+    assert (row.model, row.gpus, row.engine_version, row.latency) == ("deepseek-r1", "8xmi355x", "0.5.8", "median")
+    assert (spec.input.low, spec.input.high, spec.output.low, spec.output.high) == (819, 1024, 6553, 8192)
+    assert (spec.num_requests, spec.concurrency, spec.request_rate) == (40, 4, float("inf"))
+    assert "SGLANG_USE_AITER=1" in row.not_modelled
+
+
+def test_release_is_read_from_the_image_tag():
+    assert release_of("lmsysorg/sglang:v0.5.12-cu130") == "0.5.12"
+    assert release_of("lmsysorg/sglang:v0.5.5.post3-rocm700-mi35x") == "0.5.5.post3"
+    assert release_of("rocm/7.0:rocm7.0_ubuntu_22.04_sgl-dev-v0.5.2-rocm7.0-mi30x-20250915") == "0.5.2"
+    assert release_of("vllm/vllm-openai:nightly (unpinned, ~2026-02-13)") is None
+
+
+def test_flags_the_model_does_not_read_are_listed_not_dropped():
+    launch = split_command(
+        "python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1-0528 --host 0.0.0.0 --port 8888 "
+        "--trust-remote-code --tp 8 --num-continuous-decode-steps 4 --disable-radix-cache"
+    )
+    listed = unmodelled_flags(flag_table("sglang"), launch.argv, Version("0.5.23"))
+    assert listed == ("--disable-radix-cache", "--num-continuous-decode-steps 4")
+
+
+def test_a_file_that_is_not_of_the_form_is_one_clear_error(tmp_path):
+    bad = tmp_path / "points.csv"
+    bad.write_text("id,model\nx,y\n")
+    with pytest.raises(SpecError, match="not an InferenceX points file"):
+        read_points(bad)
+
+
+@pytest.fixture(scope="module")
+def checked():
+    return [check_row(row) for row in POINTS.rows]
+
+
+# Median absolute error over every predicted point, and per group, as the README states them (validate --set
+# inferencex). A change that makes any of them worse by more than five points fails; one that makes them better
+# should lower the figure here and in the README.
+STATED = {
+    "all": {"output_tok_s": 0.39, "tpot_ms": 0.32, "ttft_ms": 0.71},
+    "split: training": {"output_tok_s": 0.67, "tpot_ms": 0.40, "ttft_ms": 0.70},
+    "split: held-out": {"output_tok_s": 0.29, "tpot_ms": 0.27, "ttft_ms": 0.71},
+    "GPU: b200": {"output_tok_s": 0.19, "tpot_ms": 0.22, "ttft_ms": 0.83},
+    "GPU: b300": {"output_tok_s": 0.24, "tpot_ms": 0.32, "ttft_ms": 0.88},
+    "GPU: mi300x": {"output_tok_s": 0.66, "tpot_ms": 0.38, "ttft_ms": 0.74},
+    "GPU: mi325x": {"output_tok_s": 0.68, "tpot_ms": 0.40, "ttft_ms": 0.68},
+    "GPU: mi355x": {"output_tok_s": 0.21, "tpot_ms": 0.22, "ttft_ms": 0.67},
+    "family: sglang TP": {"output_tok_s": 0.40, "tpot_ms": 0.32, "ttft_ms": 0.71},
+    "family: sglang TP EP": {"output_tok_s": 0.17, "tpot_ms": 0.24, "ttft_ms": 0.76},
+}
+SLACK = 0.05
+
+
+def test_every_predicted_point_has_a_prediction(checked):
+    assert len(checked) == len(POINTS.rows) >= 400
+    assert [c.row.id for c in checked if c.simulated is None] == []
+
+
+@pytest.mark.parametrize("group", sorted(STATED))
+def test_median_errors_stay_within_five_points_of_the_stated_figures(checked, group):
+    found = headline(checked) if group == "all" else [s for s in breakdown(checked) if s.group == group]
+    medians = {s.metric: s.median_ape for s in found}
+    for metric, stated in STATED[group].items():
+        assert medians[metric] <= stated + SLACK, f"{group} {metric}: {medians[metric]:.0%} against {stated:.0%}"
+
+
+def test_the_headline_is_the_median_over_every_row(checked):
+    (tok,) = [s for s in headline(checked) if s.metric == "output_tok_s"]
+    errors = [abs(c.error("output_tok_s")) for c in checked]
+    assert tok.rows == len(checked) and tok.median_ape == pytest.approx(statistics.median(errors))
+
+
+def test_each_split_holds_a_fair_share_of_the_rows(checked):
+    """The rule (sorted recipes, every second held out) keeps a recipe's dated variants together; all of
+    MI355X's FP8 recipes fall in the held-out split."""
+    sizes = {split: sum(split_of(c.row) == split for c in checked) for split in ("training", "held-out")}
+    assert min(sizes.values()) >= 0.3 * len(checked)
