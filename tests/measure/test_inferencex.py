@@ -19,7 +19,6 @@ POINTS = read_points()
 def test_every_engine_point_is_a_row_or_says_why_not():
     with bundled_path().open(newline="") as f:
         ids = [p["id"] for p in csv.DictReader(f)]
-    assert sorted(r.id for r in POINTS.rows) + sorted(s.id for s in POINTS.skipped) != []
     assert sorted([r.id for r in POINTS.rows] + [s.id for s in POINTS.skipped]) == sorted(ids)
     assert all(s.reason for s in POINTS.skipped)
 

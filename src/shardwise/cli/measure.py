@@ -135,6 +135,7 @@ def validate(
     from shardwise.measure.reference import (
         breakdown,
         check_row,
+        from_inferencex,
         headline,
         load_rows,
         rank_agreement,
@@ -167,7 +168,7 @@ def validate(
     ranks = rank_agreement(checked)
     # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX
     # points are summarised by group instead
-    gaps = {c.row.id: explain(c, checked) for c in checked if not c.row.source.startswith("InferenceX")}
+    gaps = {c.row.id: explain(c, checked) for c in checked if not from_inferencex(c.row)}
     parts = report_validation.Validation(checked, summary, breakdown(checked), ranks, gaps, skipped)
     if json:
         typer.echo(report_json.dumps(report_validation.validation_payload(parts)))

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from shardwise.engines.flags import split_command
 from shardwise.errors import SpecError
-from shardwise.measure.reference import ReferenceRow
-from shardwise.spec.catalog import catalog
+from shardwise.measure.reference import INFERENCEX, ReferenceRow
+from shardwise.spec.catalog import find_by_repo
 
 ENGINES = ("sglang", "vllm")
 COLUMNS = ("id", "model", "checkpoint", "gpu", "n_gpus", "framework", "framework_version", "spec_decoding")
@@ -58,11 +58,6 @@ def release_of(image: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _alias(checkpoint: str) -> str | None:
-    lowered = checkpoint.lower()
-    return next((alias for alias, entry in catalog().items() if entry.repo.lower() == lowered), None)
-
-
 def read_points(path: Path | None = None) -> Points:
     """Every point of the file: the rows shardwise predicts and the points it cannot, with why."""
     path = path or bundled_path()
@@ -91,8 +86,8 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
         return f"{p['framework']} is not an engine shardwise models"
     if not p["command"]:
         return "no launch command: " + (p.get("launch_problem") or "the file gives none")
-    alias = _alias(p["checkpoint"])
-    if alias is None:
+    entry = find_by_repo(p["checkpoint"])
+    if entry is None:
         return f"{p['checkpoint']} is not in the bundled model catalog"
     if p["spec_decoding"] not in ("", "none"):
         return "speculative decoding, and the run's acceptance length is not published"
@@ -103,8 +98,8 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
     ratio = p["random_range_ratio"]
     return ReferenceRow(
         id=p["id"],
-        source=f"InferenceX ({p['provenance']}), {p['launch_script']}",
-        model=alias,
+        source=f"{INFERENCEX} ({p['provenance']}), {p['launch_script']}",
+        model=entry.alias,
         gpus=f"{p['n_gpus']}x{p['gpu']}",
         command=p["command"],
         engine_version=release_of(p["framework_version"]),

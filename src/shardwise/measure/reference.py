@@ -37,6 +37,11 @@ from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.workload import Lengths, WorkloadSpec, dataset
 
 METRICS = ("output_tok_s", "tpot_ms", "ttft_ms")
+INFERENCEX = "InferenceX"  # the source of every row replayed from an InferenceX points file
+
+
+def from_inferencex(row: ReferenceRow) -> bool:
+    return row.source.startswith(INFERENCEX)
 
 
 class ReferenceRow(Frozen):
@@ -349,7 +354,7 @@ BREAKDOWNS = {
     "GPU": lambda c: c.row.gpus.split("x", 1)[-1],
     "family": family_of,
     "load": lambda c: load_of(c.row),
-    "source": lambda c: "InferenceX" if c.row.source.startswith("InferenceX") else "bundled publications",
+    "source": lambda c: INFERENCEX if from_inferencex(c.row) else "publications and measured files",
     "split": lambda c: split_of(c.row),
 }
 
