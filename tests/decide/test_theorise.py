@@ -59,7 +59,7 @@ def test_the_ranking_is_the_best_peak(user_case):
 def test_a_tie_goes_to_the_engine_defaults(user_case):
     # on the user's case CUDA graphs off and on predict the same at 512 clients: graphs stay on (the default)
     ranking = user_case.ranking
-    assert ranking.band == pytest.approx(0.26)  # the stated median error of output tok/s, over every row
+    assert ranking.band == pytest.approx(0.14)  # the stated median error of output tok/s
     assert "CUDA graphs off" not in ranking.best.candidate.options
     gains = {g.option: g for g in option_gains(ranking)}
     assert set(gains) == set(ranking.best.candidate.options)

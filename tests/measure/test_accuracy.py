@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shardwise.measure.reference import check_row, headline, load_rows, rank_agreement
+from shardwise.measure.reference import check_row, load_rows, rank_agreement, summarise
 from shardwise.serve.accuracy import accuracy
 
 STATED_MEDIAN = {(s.group, s.metric): s.median for s in accuracy().stated}
@@ -26,7 +26,7 @@ def test_every_bundled_row_is_predicted(checked):
 
 @pytest.mark.parametrize("group, metric", sorted(STATED_MEDIAN))
 def test_median_error_stays_within_five_points_of_the_stated_figure(checked, group, metric):
-    (summary,) = [s for s in headline(checked) if (s.group, s.metric) == (group, metric)]
+    (summary,) = [s for s in summarise(checked) if (s.group, s.metric) == (group, metric)]
     assert summary.median_ape <= STATED_MEDIAN[group, metric] + SLACK, (
         f"{group} {metric}: median error {summary.median_ape:.0%} against the stated {STATED_MEDIAN[group, metric]:.0%}"
     )

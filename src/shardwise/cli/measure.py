@@ -140,6 +140,7 @@ def validate(
         load_rows,
         rank_agreement,
         rows_from_results,
+        summarise,
     )
     from shardwise.report import validation as report_validation
 
@@ -163,7 +164,7 @@ def validate(
             rows += points.rows
             skipped += points.skipped
     checked = [check_row(row) for row in rows]
-    summary = headline(checked)
+    summary = summarise(checked) if measured == "publications" and not files else headline(checked)
     ranks = rank_agreement(checked)
     # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX
     # points are summarised by group instead

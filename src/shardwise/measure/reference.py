@@ -30,7 +30,7 @@ from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 from shardwise.measure.importers import MeasuredLevel
-from shardwise.serve.accuracy import group_of
+from shardwise.serve.accuracy import GROUPS, group_of
 from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec, load_cluster
@@ -274,12 +274,20 @@ class ErrorSummary:
 
 
 def group_of_row(c: Checked) -> str:
-    """plain, speculative, or older release (measured on a release before the modelled range): what a row is, in
-    the payload; the headline counts an older release's row with the plain or speculative rows all the same."""
+    """plain, speculative, or older release (measured on a release before the modelled range)."""
     return group_of(c.engine, c.row.engine_version, speculative=c.row.accept_length is not None)
 
 
-def _errors(group: str, checked: list[Checked]) -> list[ErrorSummary]:
+def summarise(checked: list[Checked]) -> list[ErrorSummary]:
+    """Mean and median absolute percentage error per metric, for plain and speculative decoding apart, and for
+    rows from releases older than the modelled range apart from both."""
+    out = []
+    for group in GROUPS:
+        out += _summarise_group(group, [c for c in checked if group_of_row(c) == group])
+    return out
+
+
+def _summarise_group(group: str, checked: list[Checked]) -> list[ErrorSummary]:
     out = []
     for metric in METRICS:
         errors = {c.row.id: abs(e) for c in checked if (e := c.error(metric)) is not None}
@@ -302,7 +310,7 @@ def headline(checked: list[Checked]) -> list[ErrorSummary]:
     figure also rests on the acceptance each row states)."""
     out = []
     for kind in ("plain", "speculative"):
-        out += _errors(kind, [c for c in checked if (c.row.accept_length is not None) == (kind != "plain")])
+        out += _summarise_group(kind, [c for c in checked if (c.row.accept_length is not None) == (kind != "plain")])
     return out
 
 

@@ -125,7 +125,8 @@ def validation_view(v: Validation) -> Group:
     if len(v.checked) <= ROWS_SHOWN:
         parts.append(_rows_table(v.checked))
     parts += [_summary_line(s) for s in v.summary]
-    parts.append(breakdown_table(v.breakdown))
+    if len(v.checked) > ROWS_SHOWN:
+        parts.append(breakdown_table(v.breakdown))
     parts.append(Text(_ranks_line(v.ranks)))
     parts += _skipped_lines(v.skipped)
     gap_text = gap_lines(v.checked, v.gaps)

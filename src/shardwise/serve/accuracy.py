@@ -1,5 +1,5 @@
-"""The accuracy validate states (data/measurements/accuracy.yaml): which releases the model stands for, what
-kind of row each measurement is, and when an error is beyond the stated figure."""
+"""The accuracy validate states (data/measurements/accuracy.yaml): which releases the model stands for, the
+group each measurement is summarised in, and when an error is beyond the stated figure."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from packaging.version import InvalidVersion, Version
 
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
+
+GROUPS = ("plain", "speculative", "older release")
 
 
 class Modelled(Frozen):
@@ -47,7 +49,7 @@ def older_than_modelled(engine: str, release: str | None) -> Modelled | None:
 
 
 def group_of(engine: str, release: str | None, *, speculative: bool) -> str:
-    """plain or speculative; a release older than the modelled range is named so."""
+    """plain or speculative; a release older than the modelled range is its own group."""
     if older_than_modelled(engine, release) is not None:
         return "older release"
     return "speculative" if speculative else "plain"
