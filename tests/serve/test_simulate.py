@@ -264,3 +264,22 @@ def test_loads_beyond_the_pool_share_their_figures_but_not_their_breakdown(kimi)
                                                                                                 a.tpot_s)  # fmt: skip
     assert b.ttft_s > a.ttft_s and a.bound == b.bound == "kv_capacity"
     assert a.breakdown_s == b.breakdown_s and a.breakdown_s is not b.breakdown_s
+
+
+def test_a_request_sent_between_reads_waits_for_the_next_by_hand():
+    """SGLang --scheduler-recv-interval 10 reads new requests every 10 decode steps (and at once after a prefill).
+    Two clients send A (400 tokens out) and B (92 out), prefilled together; B's last token comes from decode step
+    91, so its client's next request C is read at step 100: it waits 9 steps of A alone, then its own prefill.
+    Read every step, C is prefilled at once."""
+    w = WorkloadSpec(input=Lengths.fixed(1), output=Lengths.fixed(1), num_requests=3, concurrency=2,
+                     pairs=((100, 400), (100, 92), (100, 50)))  # fmt: skip
+    waits = {}
+    for every in (1, 10):
+        steps, memory, _ = _setup(f"{KIMI_EP8} --scheduler-recv-interval {every}", "8xrtx-pro-6000")
+        assert steps.layout.options.scheduler.poll_decode_steps == every
+        run = _Run(Simulation(steps, memory), draw(w), 2, None)
+        run.loop()
+        waits[every] = run.first[2] - run.arrive[2]
+    prefill = steps.prefill_s(1, 100, 0)
+    assert waits[1] == pytest.approx(prefill, rel=1e-6)
+    assert waits[10] == pytest.approx(prefill + 9 * steps.decode_s(1, 100 + 92 + 4), rel=2e-3)

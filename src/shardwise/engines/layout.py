@@ -66,6 +66,12 @@ class SchedulerPolicy(Frozen):
         description="which running request goes back to the queue when the KV pool is full: the one with the "
         "fewest output tokens (SGLang retract_decode) or the last admitted (vLLM preemption); both recompute it"
     )
+    poll_decode_steps: int = Field(
+        1,
+        ge=1,
+        description="the scheduler reads newly sent requests only every this many decode steps (at once after a "
+        "prefill step or while idle): SGLang --scheduler-recv-interval",
+    )
 
 
 class WindowPool(Frozen):

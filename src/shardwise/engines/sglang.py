@@ -254,7 +254,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         page_size=f["page_size"],
         window_pool=window_pool(f, model),
         spec=spec,
-        scheduler=_scheduler(bool(f.get("enable_mixed_chunk"))),
+        scheduler=_scheduler(bool(f.get("enable_mixed_chunk")), max(1, f["scheduler_recv_interval"])),
     )
     return Layout(
         engine="sglang",
@@ -279,9 +279,11 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
 
 
 @cache
-def _scheduler(mixed_batches: bool) -> SchedulerPolicy:
-    """SGLang's scheduler policy (one object for every layout: a search holds thousands)."""
-    return SchedulerPolicy(**{**flag_table("sglang").scheduler, "mixed_batches": mixed_batches})
+@cache
+def _scheduler(mixed_batches: bool, poll_decode_steps: int) -> SchedulerPolicy:
+    """SGLang's scheduler policy (one object per setting for every layout: a search holds thousands)."""
+    table = flag_table("sglang").scheduler
+    return SchedulerPolicy(**{**table, "mixed_batches": mixed_batches, "poll_decode_steps": poll_decode_steps})
 
 
 def _dcp_comm(f: dict[str, Any]) -> dict[str, Any]:

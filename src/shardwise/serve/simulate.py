@@ -8,6 +8,9 @@ finished request, a full KV pool, a stalled queue to re-check) decode steps repe
 the simulation advances them together: time advances by k cycles priced at the span's mean context, every
 request gains k × τ tokens. Its cost grows with events, not with tokens.
 
+The scheduler reads newly sent requests before each step, or (SGLang --scheduler-recv-interval N) only every N
+decode steps, at once after a prefill step or while idle: a request sent mid-way waits for that read.
+
 Admission follows the engine's scheduler policy (engines' `SchedulerPolicy`): a new request needs room for its
 prompt plus its output (SGLang holds back a decaying share of every running request's remaining output; vLLM
 holds nothing back). When a decode step would not fit, requests go back to the queue (the one with the fewest
@@ -100,6 +103,7 @@ class Simulation:
         self.pool = memory.kv_usable_tokens_per_rank  # less what the engine holds back (vLLM: its null block)
         self.slots = memory.max_running_requests_per_rank or 1 << 30
         self.chunk = layout.options.chunked_prefill_tokens or 8192
+        self.poll = self.policy.poll_decode_steps
         self.tau = steps.tokens
         self.verify = steps.plan.verify_tokens if steps.plan else 1
 
@@ -163,6 +167,8 @@ class _Run:
         self.decode_time = self.running_time = 0.0
         self.peak = self.retractions = self.steps = 0
         self.rr = 0  # round-robin over ranks
+        self.unread = 0  # decode steps since the scheduler last read new requests
+        self.last_cycle = 0.0  # the last decode step's time
         for _ in range(n if clients is None else min(clients, n)):
             self._send_next(0.0)
 
@@ -175,7 +181,15 @@ class _Run:
             heapq.heappush(self.sends, (max(now, float(self.send[i])), i))
 
     def _deliver(self) -> None:
-        while self.sends and self.sends[0][0] <= self.t + 1e-12:
+        """Queue the requests sent by the scheduler's last read: now, or where it reads only every `poll` decode
+        steps, the last of those steps (a read after a prefill step or while idle is now)."""
+        seen_until = self.t
+        if self.sim.poll > 1:
+            if self.unread < self.sim.poll:
+                return
+            seen_until -= (self.unread % self.sim.poll) * self.last_cycle
+            self.unread %= self.sim.poll
+        while self.sends and self.sends[0][0] <= seen_until + 1e-12:
             when, i = heapq.heappop(self.sends)
             self.arrive[i] = when
             self.ranks[self.rr % len(self.ranks)].waiting.append(i)
@@ -289,6 +303,7 @@ class _Run:
             duration = max(duration, cost)
         self.t += duration
         self.steps += 1
+        self.unread = self.sim.poll  # any step but a decode step lets the scheduler read at once
         for rank, batch in zip(self.ranks, batches, strict=True):
             for i, _ in batch:
                 if self.done_prefill[i] >= self.need[i] - 1e-9:
@@ -357,12 +372,15 @@ class _Run:
         all_ids = [i for r in active for i in r.running]
         context = self._context(all_ids)
         cycle = sim.steps.decode_s(busiest * sim.scale, context)
-        if self.sends:
-            k = min(k, max(1, math.ceil((self.sends[0][0] - self.t) / cycle)))
+        if self.sends:  # up to the scheduler's first read after the next send
+            sent = max(1, math.ceil((self.sends[0][0] - self.t) / cycle))
+            k = min(k, sent + (-(self.unread + sent)) % sim.poll)
         k = max(1, int(k))
         cycle = sim.steps.decode_s(busiest * sim.scale, context + (k - 1) / 2 * sim.tau)
         self.t += k * cycle
         self.steps += k
+        self.unread += k
+        self.last_cycle = cycle
         self.decode_time += k * cycle
         self.running_time += k * cycle * len(all_ids) / len(active)
         self.peak = max(self.peak, busiest)
@@ -409,8 +427,9 @@ class _Run:
                 self._mixed_step(batches)
             elif any(rank.running for rank in self.ranks):
                 self._span()
-            elif self.sends:  # idle until the next request; an idle SGLang resets its reserve ratio
+            elif self.sends:  # idle until the next request, read at once; an idle SGLang resets its reserve ratio
                 self.t = max(self.t, self.sends[0][0])
+                self.unread = self.sim.poll
                 self.ratio = self.sim.policy.reserve_ratio_start
             else:
                 raise RuntimeError("simulation stalled with requests left")  # a bug, not a user error

@@ -92,6 +92,7 @@ class Predictor:
         self._chunks = self.steps.prefills.chunks
         self._shared = {} if shared is None else shared
         self._mixed = self.layout.options.scheduler.mixed_batches
+        self._poll = self.layout.options.scheduler.poll_decode_steps
         self._steady: dict[tuple, _Running] = {}
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
@@ -164,8 +165,9 @@ class Predictor:
         throughput = running * osl / (cycles * cycle + running * per_request)
         if decode_only or self._mixed or queued:
             # prefills spread between every request's tokens: the engine mixes them in, or requests queue for KV
-            # room and are admitted one by one as it frees up
-            first, between = alone, (running - 1) * per_request
+            # room and are admitted one by one as it frees up; a scheduler that reads new requests only every
+            # `poll` decode steps keeps each waiting half of those steps on average
+            first, between = alone + (self._poll - 1) / 2 * cycle_s * (running > 1), (running - 1) * per_request
         else:  # waves: the whole wave's prefill, the batches before a request's own in its TTFT, the rest after
             wave = running * per_request
             first = max(alone, (wave + batch) / 2)
