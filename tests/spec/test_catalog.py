@@ -5,6 +5,7 @@ import pytest
 
 from shardwise import catalog, load_model
 from shardwise.errors import SpecError
+from shardwise.spec.catalog import find_by_repo
 
 REQUIRED_ALIASES = {
     "kimi-k2.6",
@@ -34,6 +35,13 @@ def test_catalog_has_every_required_model_and_each_loads():
         assert entry.provenance in {"verbatim", "sibling", "derived", "reconstructed"}
         assert entry.source and "/" in entry.repo
         assert load_model(alias).name == alias
+
+
+def test_a_renamed_hub_repo_finds_its_entry_under_either_name():
+    assert find_by_repo("amd/DeepSeek-R1-0528-MXFP4").alias == "deepseek-r1-mxfp4"
+    assert find_by_repo("AMD/DeepSeek-R1-0528-MXFP4-Preview").alias == "deepseek-r1-mxfp4"
+    assert find_by_repo("nvidia/DeepSeek-R1-0528-FP4-V2").alias == "deepseek-r1-nvfp4"
+    assert find_by_repo("amd/DeepSeek-R1-0528") is None
 
 
 def test_no_bundled_model_falls_back_to_the_generic_reader():

@@ -90,6 +90,54 @@ def test_modelopt_nvfp4_glob_and_fp8_kv():
     assert scheme.format_for(module=attn, role="attention", dense=BF16) is BF16
 
 
+@pytest.mark.parametrize(
+    ("alias", "o_proj"), [("deepseek-r1-nvfp4-v1", "bf16"), ("deepseek-r1-nvfp4", "nvfp4")]
+)
+def test_deepseek_r1_nvfp4_keeps_attention_wide_and_v2_quantizes_its_output(alias, o_proj):
+    """v1 excludes every self_attn module; v2 'additionally quantizes the wo module' (its model card): o_proj is FP4,
+    the MLA input projections stay BF16; the dense MLP of layer 0, shared experts and experts are FP4; the MTP layer
+    61 and lm_head are not."""
+    config = json.loads((_models_dir() / alias / "config.json").read_text())
+    scheme = scheme_from_config(config["quantization_config"])
+    fmt = {
+        (module, role): scheme.format_for(module=module, role=role, dense=BF16).name
+        for module, role in [
+            ("model.layers.7.self_attn.o_proj", "attention"),
+            ("model.layers.7.self_attn.q_b_proj", "attention"),
+            ("model.layers.0.mlp.gate_proj", "dense_mlp"),
+            ("model.layers.7.mlp.shared_experts.up_proj", "shared_experts"),
+            ("model.layers.7.mlp.experts.5.down_proj", "routed_experts"),
+            ("model.layers.61.mlp.experts.5.down_proj", "routed_experts"),
+            ("lm_head", "lm_head"),
+        ]
+    }
+    assert list(fmt.values()) == [o_proj, "bf16", "nvfp4", "nvfp4", "nvfp4", "bf16", "bf16"]
+    assert scheme.kv_dtype == "fp8"
+
+
+def test_quark_mxfp4_w4a4_with_its_exclusions():
+    """AMD's Quark export: weights and activations MXFP4 (group 32, E8M0), every MLA projection BF16 by name, the MTP
+    layer by `re:` pattern, lm_head by name."""
+    config = json.loads((_models_dir() / "deepseek-r1-mxfp4" / "config.json").read_text())
+    scheme = scheme_from_config(config["quantization_config"])
+    expert = scheme.format_for(module="model.layers.9.mlp.experts.17.gate_proj", role="routed_experts", dense=BF16)
+    assert (expert.name, expert.activation_bits, expert.group_size) == ("mxfp4", 4, 32)
+    for module, role in [
+        ("model.layers.9.self_attn.o_proj", "attention"),
+        ("model.layers.61.mlp.experts.17.gate_proj", "routed_experts"),
+        ("lm_head", "lm_head"),
+    ]:
+        assert scheme.format_for(module=module, role=role, dense=BF16) is BF16
+    assert scheme.format_for(module="model.layers.1.mlp.down_proj", role="dense_mlp", dense=BF16).name == "mxfp4"
+    assert scheme.kv_dtype is None
+
+
+def test_quark_other_than_mxfp4_is_one_clear_error():
+    spec = {"dtype": "int8", "group_size": None, "scale_format": None}
+    with pytest.raises(SpecError, match="unsupported Quark weight spec"):
+        scheme_from_config({"quant_method": "quark", "global_quant_config": {"weight": spec}})
+
+
 def test_mxfp4_modules_to_not_convert():
     scheme = scheme_from_config(
         {

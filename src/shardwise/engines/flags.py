@@ -88,6 +88,10 @@ class Option(Frozen):
 class OtherFlag(Frozen):
     flags: tuple[str, ...]
     takes: Literal["flag", "value", "values"]
+    until: str | None = None  # the last release that has it (inclusive); None: every release the table knows
+
+    def exists_in(self, version: Version) -> bool:
+        return self.until is None or version <= Version(self.until)
 
 
 class ModelSupport(Frozen):
@@ -217,6 +221,8 @@ def _parser(table: FlagTable, version: Version) -> _Parser:
                 *spellings, dest=name, type=kind, default=None, choices=choices, required=option.required
             )
     for i, other in enumerate(table.other_flags):
+        if not other.exists_in(version):
+            continue
         if other.takes == "flag":
             parser.add_argument(*other.flags, dest=f"_other{i}", action="store_true", default=None)
         else:

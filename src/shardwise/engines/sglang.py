@@ -78,6 +78,15 @@ def _dp_lm_head(f: dict[str, Any], version: Version) -> list[Note]:
 
 def _moe_backend(f: dict[str, Any], version: Version) -> list[Note]:
     notes = []
+    if f.get("enable_ep_moe") and f["ep_size"] != f["tp_size"]:
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"the deprecated --enable-ep-moe sets ep {f['ep_size']} to the tensor parallel size {f['tp_size']}",
+                source="sglang 0.5.2 server_args.py ServerArgs.__post_init__",
+            )
+        )
+        f["ep_size"] = f["tp_size"]
     if f["moe_a2a_backend"] in A2A_EP_SPANNING and f["ep_size"] != f["tp_size"]:
         notes.append(
             Note(

@@ -33,6 +33,7 @@ class CatalogEntry:
     provenance: str  # verbatim | sibling | derived | reconstructed
     source: str
     drafts_for: str | None = None  # a draft model: the alias of the target it drafts for
+    also: tuple[str, ...] = ()  # other Hub names of the same checkpoint (a renamed repo)
 
 
 def _models_dir() -> Path:
@@ -47,7 +48,10 @@ def catalog() -> dict[str, CatalogEntry]:
 @cache
 def _catalog() -> dict[str, CatalogEntry]:
     raw = yaml.safe_load((_models_dir() / "catalog.yaml").read_text())
-    return {alias: CatalogEntry(alias=alias, **fields) for alias, fields in raw.items()}
+    return {
+        alias: CatalogEntry(alias=alias, **{**fields, "also": tuple(fields.get("also", ()))})
+        for alias, fields in raw.items()
+    }
 
 
 def drafter_of(alias: str, algorithm: str) -> CatalogEntry | None:
@@ -57,7 +61,8 @@ def drafter_of(alias: str, algorithm: str) -> CatalogEntry | None:
 
 def find_by_repo(repo: str) -> CatalogEntry | None:
     """The bundled entry that stands for Hub repo `repo` (case-insensitive), if any."""
-    return next((e for e in catalog().values() if e.repo.lower() == repo.lower()), None)
+    names = repo.lower()
+    return next((e for e in catalog().values() if names in (e.repo.lower(), *(a.lower() for a in e.also))), None)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from shardwise.errors import SpecError
 
-QuantMethod = Literal["none", "fp8", "compressed-tensors", "mxfp4", "modelopt", "awq", "gptq", "override"]
+QuantMethod = Literal["none", "fp8", "compressed-tensors", "mxfp4", "modelopt", "quark", "awq", "gptq", "override"]
 
 
 @dataclass(frozen=True)
@@ -282,6 +282,32 @@ def _modelopt(cfg: dict[str, Any]) -> QuantScheme:
     )
 
 
+def _quark(cfg: dict[str, Any]) -> QuantScheme:
+    """AMD Quark: one global spec for every linear layer but the excluded (exact names, or `re:` patterns); the
+    engines build the excluded layers and lm_head unquantized. Only OCP MX FP4 with E8M0 scales per 32 (the MXFP4
+    exports) is read; per-layer specs are not."""
+    spec = cfg.get("global_quant_config") or {}
+    weight, inputs = spec.get("weight") or {}, spec.get("input_tensors") or {}
+    if cfg.get("layer_quant_config") or cfg.get("layer_type_quant_config"):
+        raise SpecError("Quark configs with per-layer quant specs are not supported yet; give a --weight-dtype override")
+    if (weight.get("dtype"), weight.get("group_size"), weight.get("scale_format")) != ("fp4", 32, "e8m0"):
+        raise SpecError(
+            f"unsupported Quark weight spec (dtype {weight.get('dtype')!r}, group {weight.get('group_size')!r}, scale "
+            f"{weight.get('scale_format')!r}); supported: fp4, group 32, e8m0 (MXFP4)"
+        )
+    activation_bits = 4 if inputs.get("dtype") == "fp4" else 16
+    kv = (cfg.get("kv_cache_quant_config") or {}).get("dtype")
+    return QuantScheme(
+        method="quark",
+        quantized=WeightFormat(**{**FORMATS["mxfp4"].__dict__, "activation_bits": activation_bits}),
+        ignore=tuple(cfg.get("exclude") or ()),
+        match="glob",
+        exclude_lm_head=True,
+        kv_dtype="fp8" if kv and "fp8" in str(kv) else None,
+        raw=cfg,
+    )
+
+
 def _awq_gptq(cfg: dict[str, Any], method: str) -> QuantScheme:
     bits, group = int(cfg.get("bits", cfg.get("w_bit", 4))), int(cfg.get("group_size", cfg.get("q_group_size", 128)))
     symmetric = bool(cfg.get("sym", False)) if method == "gptq" else not cfg.get("zero_point", True)
@@ -313,11 +339,13 @@ def scheme_from_config(cfg: dict[str, Any] | None) -> QuantScheme:
         return _mxfp4(cfg)
     if method == "modelopt":
         return _modelopt(cfg)
+    if method == "quark":
+        return _quark(cfg)
     if method in ("awq", "gptq"):
         return _awq_gptq(cfg, method)
     raise SpecError(
         f"unsupported quant_method {method or 'missing'!r} in quantization_config; supported: "
-        "compressed-tensors, fp8, mxfp4, modelopt, awq, gptq (or override with --weight-dtype)"
+        "compressed-tensors, fp8, mxfp4, modelopt, quark, awq, gptq (or override with --weight-dtype)"
     )
 
 
