@@ -363,7 +363,13 @@ def test_theorise_json_names_the_best_and_the_excluded():
     assert {"launch", "layout", "predicted", "bound"} <= set(best) and best["rank"] == 1
     assert payload["ranked"][0] == best
     bought = {" ".join(g["flags"]): g for g in payload["what_each_flag_buys"]}
-    assert bought["--attn-dp-size 2"]["gain"] > 0  # attention DP holds each request's latent once per group
+    # the best TP EP setup (the family the user's EP8 run validates here) and what its expert split buys
+    assert best["confidence"]["family"] == "sglang TP EP" and best["confidence"]["validated_on"] == "this GPU"
+    assert bought["--ep-size 4"]["gain"] > 0 and bought["FP8 KV cache"]["gain"] > 0
+    assert payload["unvalidated_over"] == payload["ranked"][1]["engine"] + " " + payload["ranked"][1]["layout"] + (
+        ", " + payload["ranked"][1]["variant"] if payload["ranked"][1]["variant"] else ""
+    )
+    assert all("confidence" in p for p in best["predicted"])
     for g in bought.values():  # the gain is the best's figure over the setup's without the flags
         if g["gain"] is not None:
             assert best["score"] == pytest.approx(g["without_tok_s"] * (1 + g["gain"]), rel=1e-3)

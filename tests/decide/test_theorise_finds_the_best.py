@@ -7,6 +7,7 @@ import pytest
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.theory import theorise
 from shardwise.engines.check import check_command
+from shardwise.serve.accuracy import confidence, regime_of
 from shardwise.serve.steady import predict
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
@@ -45,6 +46,11 @@ def test_theorise_beats_every_hand_tuned_command(model, gpus, hub):
         assert memory.verdict == "ok", template
         hand = max(p.output_tok_s for p in predict(checked.model, layout, cluster, memory, concurrency=levels,
                                                    isl=1024, osl=1024))  # fmt: skip
-        # the recommendation may be the engine-default twin of the top, within the tie band of it
-        assert hand <= best * (1 + theory.ranking.band), (template, hand, best)
+        # the recommendation may be the engine-default twin of the top, within the tie band of it, or a setup whose
+        # family was measured on these GPUs with a smaller error than the hand-tuned one's, within that error of it
+        theirs = confidence(layout.engine, layout.family(), regime_of(levels[-1]), cluster.gpu.name)
+        mine = theory.ranking.confidence(theory.ranking.best)
+        within = hand <= best * (1 + theory.ranking.band)
+        validated = mine.basis == "this GPU" and mine.uncertainty < theirs.uncertainty
+        assert within or (validated and hand <= best * (1 + theirs.uncertainty)), (template, hand, best)
         assert max(s.value for s in theory.ranking.scores) >= hand, (template, hand)

@@ -60,6 +60,17 @@ def test_describe():
     assert sglang(stage_gpus=4, replicas=2).describe() == "2× TP4"
 
 
+def test_family_names_the_mechanisms_without_their_degrees():
+    assert sglang().family() == "TP"
+    assert sglang(moe_ep=8).family() == sglang(moe_ep=4).family() == "TP EP"
+    assert sglang(attn_dp=8, moe_ep=8, dense_tp=1).family() == "attention-DP EP"  # nothing split by TP
+    assert sglang(attn_dp=8, moe_ep=8).family() == "attention-DP TP EP"  # dense layers over all 8 GPUs
+    assert sglang(stage_gpus=1, pp=8, dense_tp=1, shared_tp=1, lm_head_tp=1).family() == "PP"
+    assert sglang(stage_gpus=4, attn_dp=2, moe_ep=2, dense_tp=1, pp=2, dcp=2).family() == "attention-DP TP EP PP DCP"
+    assert sglang(stage_gpus=4, replicas=2).family() == "replicas TP"
+    assert sglang(stage_gpus=1, dense_tp=1, shared_tp=1, lm_head_tp=1).family() == "one GPU"
+
+
 def test_layouts_alike_in_their_weight_split_hold_every_tensor_alike():
     """The weights a GPU holds are remembered by `weight_split` (ops/build.py, cost/memory.py): it must name every
     degree `weight_ways` reads. Over the SGLang and vLLM layouts of Kimi K2.6 and DeepSeek-V3 on 64 GPUs, those equal in

@@ -3,6 +3,7 @@ and its client sent it, or listed with why not; the errors over every predicted 
 group, so that none rises unseen."""
 
 import csv
+import io
 import statistics
 
 import pytest
@@ -11,7 +12,8 @@ from packaging.version import Version
 from shardwise.engines.flags import flag_table, split_command, unmodelled_flags
 from shardwise.errors import SpecError
 from shardwise.measure.inferencex import bundled_path, read_points, release_of
-from shardwise.measure.reference import breakdown, check_row, headline, split_of
+from shardwise.measure.reference import breakdown, check_row, headline, load_rows, split_of, validated_csv
+from shardwise.serve.accuracy import validated_path
 
 POINTS = read_points()
 
@@ -114,3 +116,21 @@ def test_each_split_holds_a_fair_share_of_the_rows(checked):
     MI355X's FP8 recipes fall in the held-out split."""
     sizes = {split: sum(split_of(c.row) == split for c in checked) for split in ("training", "held-out")}
     assert min(sizes.values()) >= 0.3 * len(checked)
+
+
+def test_the_bundled_family_errors_are_those_validate_finds_now(checked):
+    """data/measurements/validated.csv (what every prediction's confidence reads) is `validate --set all --record`
+    at this head: each predicted row with its family, load, GPU and errors. A change that moves any error must
+    record them again (the README says how)."""
+    rows = list(csv.DictReader(io.StringIO(validated_csv(checked + [check_row(row) for row in load_rows()]))))
+    with validated_path().open(newline="") as f:
+        kept = list(csv.DictReader(f))
+    assert [r["id"] for r in rows] == [r["id"] for r in kept]
+    for now, then in zip(rows, kept, strict=True):
+        assert [now[k] for k in ("engine", "family", "regime", "gpu")] == [
+            then[k] for k in ("engine", "family", "regime", "gpu")
+        ]
+        for metric in ("output_tok_s", "tpot_ms", "ttft_ms"):
+            assert (now[metric] == "") == (then[metric] == ""), (now["id"], metric)
+            if now[metric]:
+                assert float(now[metric]) == pytest.approx(float(then[metric]), abs=2e-3), (now["id"], metric)

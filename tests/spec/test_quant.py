@@ -90,9 +90,7 @@ def test_modelopt_nvfp4_glob_and_fp8_kv():
     assert scheme.format_for(module=attn, role="attention", dense=BF16) is BF16
 
 
-@pytest.mark.parametrize(
-    ("alias", "o_proj"), [("deepseek-r1-nvfp4-v1", "bf16"), ("deepseek-r1-nvfp4", "nvfp4")]
-)
+@pytest.mark.parametrize(("alias", "o_proj"), [("deepseek-r1-nvfp4-v1", "bf16"), ("deepseek-r1-nvfp4", "nvfp4")])
 def test_deepseek_r1_nvfp4_keeps_attention_wide_and_v2_quantizes_its_output(alias, o_proj):
     """v1 excludes every self_attn module; v2 'additionally quantizes the wo module' (its model card): o_proj is FP4,
     the MLA input projections stay BF16; the dense MLP of layer 0, shared experts and experts are FP4; the MTP layer

@@ -47,8 +47,10 @@ from shardwise.report import predictions as report_predictions
 from shardwise.report import setups as report_setups
 from shardwise.report import simulation as report_simulation
 from shardwise.report import table as report_table
+from shardwise.serve.accuracy import Confidence, confidence, regime_of
+from shardwise.serve.simulate import ServeResult
 from shardwise.serve.simulate import simulate as run_simulation
-from shardwise.serve.steady import predict
+from shardwise.serve.steady import Prediction, predict
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import DEFAULT_MODEL, catalog, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
@@ -223,12 +225,24 @@ def check(
                 decode_only=decode_only,
                 book=book,
             )
+
+    def confidence_of(p: Prediction | ServeResult) -> Confidence:
+        assert setup.layout is not None
+        return confidence(setup.engine, setup.layout.family(), regime_of(p.concurrency), cluster_spec.gpu.name)
+
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
-        payload["predicted"] = report_predictions.predictions_payload(predicted) if predicted else None
+        payload["predicted"] = report_predictions.predictions_payload(predicted, confidence_of) if predicted else None
         payload["prediction_note"] = note
         payload["decode_only"] = decode_only
-        payload["simulated"] = report_simulation.results_payload(simulated, None) if simulated else None
+        payload["simulated"] = (
+            [
+                {**row, "confidence": confidence_of(r).to_json()}  # a run's load as a prediction's
+                for row, r in zip(report_simulation.results_payload(simulated, None), simulated, strict=True)
+            ]
+            if simulated
+            else None
+        )
         typer.echo(report_json.dumps(payload))
     else:
         report_table.print_renderable(report_setups.check_view(setup, checked.model, memory, isl=isl, osl=osl))
@@ -238,6 +252,8 @@ def check(
             )
             if any(report_predictions.collective_times_s(p) for p in predicted):
                 report_table.print_renderable(report_predictions.collectives_table(predicted))
+            for line in report_predictions.confidence_lines(predicted, confidence_of):
+                report_table.print_renderable(line)
         if simulated:
             title = f"simulated{', decode only (prompts cached)' if decode_only else ''}" + (
                 f", {lengths} lengths" if lengths else f", {isl} in / {osl} out"

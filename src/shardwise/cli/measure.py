@@ -125,6 +125,13 @@ def validate(
             "script launched it), or all.",
         ),
     ] = "publications",
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write each predicted row's family, load, GPU and errors to this CSV: the file every "
+            "prediction's confidence reads (bundled as data/measurements/validated.csv, from --set all)."
+        ),
+    ] = None,
     json: JsonFlag = False,
 ) -> None:
     """Predict measurements and report the error per metric and how often the predictions rank setups as the
@@ -141,8 +148,10 @@ def validate(
         rank_agreement,
         rows_from_results,
         summarise,
+        validated_csv,
     )
     from shardwise.report import validation as report_validation
+    from shardwise.report.files import write_text
 
     sets = ("publications", "inferencex", "all")
     if measured not in sets:
@@ -164,6 +173,8 @@ def validate(
             rows += points.rows
             skipped += points.skipped
     checked = [check_row(row) for row in rows]
+    if record is not None:
+        write_text(record, validated_csv(checked))
     summary = summarise(checked) if measured == "publications" and not files else headline(checked)
     ranks = rank_agreement(checked)
     # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX

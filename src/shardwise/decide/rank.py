@@ -4,13 +4,18 @@ Objectives:
 - max-throughput: the most output tokens per second at any concurrency of the sweep;
 - max-throughput-under-slo: the same, counting only concurrencies whose TPOT (and TTFT) meet the limits;
 - min-latency: the fastest decode one client sees (output tokens per second per user at one request).
-Setups that predict within the model's stated error of each other (its median error in output tok/s on published
-runs, serve/accuracy.py) are ties. A tie is broken toward the engine's defaults: where the same layout with fewer
-non-default options predicts within that band of the best, it is recommended instead, and the ranking says so.
+Each prediction carries the confidence of its family (serve/accuracy.py: the errors validate measured on the rows of
+its engine and parallelism mechanisms). The best prediction does not win over a setup whose family was measured on
+this GPU with a smaller error unless its predicted gain exceeds its own uncertainty: an extrapolated mechanism must
+promise more than it may be off by. Variants of one layout (options on or off) share their family's error, so
+between them the model's stated error (its median error in output tok/s on published runs) decides: within it they
+are ties, broken toward the engine's defaults (the same layout with fewer non-default options), and the ranking says
+so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from itertools import groupby
@@ -21,7 +26,7 @@ from shardwise.decide.search import Candidate
 from shardwise.engines.base import get_engine
 from shardwise.engines.flags import flag_table, flag_words, parse_version
 from shardwise.errors import SpecError
-from shardwise.serve.accuracy import stated_median
+from shardwise.serve.accuracy import Confidence, stated_median
 from shardwise.serve.steady import Prediction
 
 
@@ -50,19 +55,32 @@ class Ranking:
     unmet: tuple[Candidate, ...]  # setups that meet the SLO at no concurrency
     tpot_s: float | None = None
     ttft_s: float | None = None
-    band: float = 0.0  # relative gap under which two predictions are a tie
+    band: float = 0.0  # relative gap under which two variants of one layout are a tie
     preferred_over: Score | None = None  # the top prediction, where a tie put the engine's defaults before it
+    unvalidated_over: Score | None = None  # the top prediction, where a better validated setup came before it
+    confidence_of: Callable[[Score], Confidence] | None = None
+
+    def confidence(self, score: Score) -> Confidence | None:
+        return self.confidence_of(score) if self.confidence_of else None
 
     @property
     def best(self) -> Score | None:
         return self.scores[0] if self.scores else None
 
     def ties(self) -> tuple[Score, ...]:
-        """The other setups within the tie band of the top prediction."""
+        """The other setups of the recommended one's family within the tie band of it, either side: variants the
+        model cannot tell apart (other families carry errors of their own: `confidence`)."""
         if not self.scores:
             return ()
-        top = max(s.value for s in self.scores)
-        return tuple(s for s in self.scores[1:] if tied(s.value, top, self.band))
+        best = self.scores[0]
+        family = best.candidate.layout.family()
+        return tuple(
+            s
+            for s in self.scores[1:]
+            if s.candidate.layout.family() == family
+            and tied(s.value, best.value, self.band)
+            and tied(best.value, s.value, self.band)
+        )
 
 
 def rank(
@@ -71,7 +89,9 @@ def rank(
     *,
     tpot_s: float | None = None,
     ttft_s: float | None = None,
+    confidence_of: Callable[[Score], Confidence] | None = None,
 ) -> Ranking:
+    """Rank by `objective`; `confidence_of`: each score's confidence (none: the predictions alone decide)."""
     if objective is Objective.UNDER_SLO and tpot_s is None and ttft_s is None:
         raise SpecError("max-throughput-under-slo needs a limit: give --tpot-ms and/or --ttft-ms")
     scores, unmet = [], []
@@ -90,6 +110,13 @@ def rank(
         alike = [scores[i] for i in group]
         ranked += sorted(alike, key=lambda s: s.candidate.name) if len(alike) > 1 else alike
     scores = ranked
+    unvalidated = None
+    if confidence_of is not None and scores:
+        validated = _validated_first(scores, confidence_of)
+        if validated is not scores[0]:
+            unvalidated = scores[0]
+            scores.remove(validated)
+            scores.insert(0, validated)
     band = tie_band()
     default = _closest_to_defaults(scores, band)
     top = scores[0] if scores else None
@@ -104,7 +131,32 @@ def rank(
         ttft_s=ttft_s,
         band=band,
         preferred_over=top if default is not None and default is not top else None,
+        unvalidated_over=unvalidated,
+        confidence_of=confidence_of,
     )
+
+
+def _validated_first(scores: list[Score], confidence_of: Callable[[Score], Confidence]) -> Score:
+    """The setup to recommend: the best prediction, unless a setup whose family was measured on this GPU with a smaller
+    error comes within the best's uncertainty of it (the best's gain over it is no more than what the best may be off
+    by); then that one, and the same question again from it."""
+    top = scores[0]
+    while True:
+        mine = confidence_of(top)
+        better = next(
+            (
+                s
+                for s in scores
+                if s is not top
+                and (c := confidence_of(s)).basis == "this GPU"
+                and c.uncertainty < mine.uncertainty
+                and top.value <= s.value * (1 + mine.uncertainty)
+            ),
+            None,
+        )
+        if better is None:
+            return top
+        top = better
 
 
 def tied(value: float, top: float, band: float) -> bool:

@@ -18,6 +18,7 @@ from shardwise.decide.rank import (
     Objective,
     ParetoPoint,
     Ranking,
+    Score,
     Winner,
     crossovers,
     pareto,
@@ -30,6 +31,7 @@ from shardwise.engines.base import BenchLoad, get_engine
 from shardwise.engines.check import model_reference
 from shardwise.engines.flags import HEAD_IP, command_text
 from shardwise.hardware.load import runtime
+from shardwise.serve.accuracy import Confidence, confidence, regime_of
 from shardwise.spec.catalog import DEFAULT_MODEL, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
 from shardwise.spec.model import ModelSpec
@@ -134,7 +136,13 @@ def theorise(
             progress=progress,
             saturate=concurrency is None,
         )
-        ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s)
+        gpu = cluster.gpu.name
+
+        def confidence_of(s: Score) -> Confidence:
+            c = s.candidate
+            return confidence(c.engine, c.layout.family(), regime_of(s.at.concurrency), gpu)
+
+        ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s, confidence_of=confidence_of)
         winners = winners_by_concurrency(result.candidates)
         benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None
         if benchmark is not None and benchmark.best is not None and objective is Objective.MAX_THROUGHPUT:

@@ -244,6 +244,22 @@ class Layout(Frozen):
         name = " ".join(parts)
         return f"{self.replicas}× {name}" if self.replicas > 1 else name
 
+    def family(self) -> str:
+        """The parallelism mechanisms the layout uses, without their degrees (what a measured error carries over
+        between): 'TP', 'TP EP', 'attention-DP TP EP', 'PP', 'replicas TP', 'TP speculative', 'one GPU'."""
+        uses = {
+            "replicas": self.replicas > 1,
+            "attention-DP": self.attn_dp > 1,
+            "TP": max(self.attn_tp, self.moe_tp, self.dense_tp) > 1,
+            "EP": self.moe_ep > 1,
+            "PP": self.pp > 1,
+            "CP": self.attn_cp > 1,
+            "DCP": self.dcp > 1,
+            "speculative": self.options.spec is not None,
+        }
+        named = [name for name, used in uses.items() if used]
+        return " ".join(named) if set(named) - {"replicas", "speculative"} else " ".join(["one GPU", *named])
+
 
 _SHAPE = attrgetter(*(name for name in Layout.model_fields if name != "options"))
 _OPTIONS_BUT_FRACTION = attrgetter(*(name for name in EngineOptions.model_fields if name != "memory_fraction"))

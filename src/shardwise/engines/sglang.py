@@ -82,7 +82,8 @@ def _moe_backend(f: dict[str, Any], version: Version) -> list[Note]:
         notes.append(
             Note(
                 kind="rewrite",
-                message=f"the deprecated --enable-ep-moe sets ep {f['ep_size']} to the tensor parallel size {f['tp_size']}",
+                message=f"the deprecated --enable-ep-moe sets ep {f['ep_size']} to the tensor parallel size "
+                f"{f['tp_size']}",
                 source="sglang 0.5.2 server_args.py ServerArgs.__post_init__",
             )
         )

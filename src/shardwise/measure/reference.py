@@ -8,7 +8,9 @@ metric by metric; the summary is the mean and median absolute percentage error p
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import math
 import re
 import statistics
@@ -30,13 +32,12 @@ from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 from shardwise.measure.importers import MeasuredLevel
-from shardwise.serve.accuracy import GROUPS, group_of
+from shardwise.serve.accuracy import GROUPS, METRICS, VALIDATED_COLUMNS, group_of, regime_of
 from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.workload import Lengths, WorkloadSpec, dataset
 
-METRICS = ("output_tok_s", "tpot_ms", "ttft_ms")
 INFERENCEX = "InferenceX"  # the source of every row replayed from an InferenceX points file
 
 
@@ -335,18 +336,29 @@ def held_out_sources() -> frozenset[str]:
 
 
 def family_of(c: Checked) -> str:
-    """The engine and the kind of layout, without its degrees: 'sglang TP EP', 'vllm DP EP dense-TP'."""
-    kind = re.sub(r"\d+", "", c.layout or "not started").replace("\n", " ")
-    return f"{c.engine} {' '.join(kind.split())}"
+    """The engine and the parallelism mechanisms of the layout, without their degrees: 'sglang TP EP',
+    'vllm attention-DP TP EP' (Layout.family)."""
+    return f"{c.engine} {c.layout_spec.family() if c.layout_spec else 'not started'}"
 
 
 def load_of(row: ReferenceRow) -> str:
     """The load regime: a static batch, clients in a closed loop (1-8, 9-64, more), or an open-loop burst."""
-    if row.benchmark == "one_batch":
-        return "static batch"
-    if row.concurrency is None:
-        return "open loop"
-    return "C 1-8" if row.concurrency <= 8 else "C 9-64" if row.concurrency <= 64 else "C > 64"
+    return regime_of(row.concurrency, static_batch=row.benchmark == "one_batch")
+
+
+def validated_csv(checked: list[Checked]) -> str:
+    """Each predicted row with its family, regime, GPU and signed errors: data/measurements/validated.csv, which
+    the confidence of every prediction reads (serve/accuracy.py)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(VALIDATED_COLUMNS)
+    for c in sorted(checked, key=lambda c: c.row.id):
+        errors = [c.error(m) for m in METRICS]
+        if c.layout_spec is None or c.cluster is None or all(e is None for e in errors):
+            continue
+        cells = ["" if e is None else f"{e:.4f}" for e in errors]
+        writer.writerow([c.row.id, c.engine, c.layout_spec.family(), load_of(c.row), c.cluster.gpu.name, *cells])
+    return out.getvalue()
 
 
 BREAKDOWNS = {

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.table import Table
 
 from shardwise.cost.step import StepCost
+from shardwise.serve.accuracy import Confidence
 from shardwise.serve.steady import Prediction
+
+ConfidenceOf = Callable[[Prediction], Confidence]
 
 PART_LABELS = {
     "memory": "mem",
@@ -21,8 +25,10 @@ PART_LABELS = {
 }
 
 
-def prediction_payload(p: Prediction) -> dict[str, Any]:
-    """One prediction in milliseconds and tokens per second, its breakdown summing to TPOT."""
+def prediction_payload(p: Prediction, confidence_of: ConfidenceOf | None = None) -> dict[str, Any]:
+    """One prediction in milliseconds and tokens per second, its breakdown summing to TPOT; with `confidence_of`, the
+    errors validate measured on its family (serve/accuracy.py)."""
+    confidence = {"confidence": confidence_of(p).to_json()} if confidence_of else {}
     return {
         "concurrency": p.concurrency,
         "running": p.running,
@@ -35,6 +41,7 @@ def prediction_payload(p: Prediction) -> dict[str, Any]:
         "by_class_ms": {k: round(v * 1e3, 3) for k, v in _step(p).by_class_s().items()},
         "decode_coverage": _step(p).coverage,
         "collectives_ms": {k: round(v * 1e3, 3) for k, v in collective_times_s(p).items()},
+        **confidence,
     }
 
 
@@ -65,8 +72,16 @@ def collectives_table(predictions: list[Prediction]) -> Table:
     return table
 
 
-def predictions_payload(predictions: list[Prediction]) -> list[dict[str, Any]]:
-    return [prediction_payload(p) for p in predictions]
+def predictions_payload(
+    predictions: list[Prediction], confidence_of: ConfidenceOf | None = None
+) -> list[dict[str, Any]]:
+    return [prediction_payload(p, confidence_of) for p in predictions]
+
+
+def confidence_lines(predictions: list[Prediction], confidence_of: ConfidenceOf) -> list[str]:
+    """How far to trust the predictions: the confidence of each load regime they fall in, once each."""
+    said = {(c.family, c.regime): c for c in map(confidence_of, predictions)}
+    return [f"Confidence at {c.regime}: {c.describe()}." for c in said.values()]
 
 
 def predictions_table(predictions: list[Prediction], *, isl: int, osl: int, decode_only: bool = False) -> Table:

@@ -19,7 +19,8 @@ from shardwise.engines.flags import command_text
 from shardwise.report.predictions import PART_LABELS, prediction_payload
 from shardwise.report.simulation import short_load
 from shardwise.report.table import ShellLine
-from shardwise.serve.accuracy import stated_median
+from shardwise.serve.accuracy import Confidence, confidence, regime_of, stated_median
+from shardwise.serve.steady import Prediction
 
 PART_NAMES = {
     "memory": "memory",
@@ -82,12 +83,12 @@ def narrative(t: Theory) -> list[str]:
         lines.append(_saturation_line(t, c))
     lines.append(_memory_line(c))
     lines += _defaults_lines(t)
+    lines += _confidence_lines(t)
     ties = [s for s in t.ranking.ties() if s is not t.ranking.preferred_over]
     if ties:
         lines.append(
-            f"Within {t.ranking.band:.0%} of the top (a tie: the model's median error on published runs): "
-            + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4])
-            + "."
+            f"Within {t.ranking.band:.0%} of it in the same family (a tie: the model's median error on published "
+            "runs): " + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + "."
         )
     if t.ceiling:
         ce = t.ceiling
@@ -105,6 +106,38 @@ def narrative(t: Theory) -> list[str]:
             + "."
         )
     lines.append(_trust_line())
+    return lines
+
+
+def _confidence_lines(t: Theory) -> list[str]:
+    """How far to trust the winner (its family's validated error), the better prediction it was recommended over
+    where that one's family is less validated here, and the families measured on these GPUs."""
+    win, over = t.ranking.best, t.ranking.unvalidated_over
+    mine = t.ranking.confidence(win) if win else None
+    if win is None or mine is None:
+        return []
+    lines = [f"How far to trust it: {mine.describe()}."]
+    if over is not None and (theirs := t.ranking.confidence(over)) is not None:
+        why = (
+            "no run of its family was measured on these GPUs" if theirs.basis != "this GPU" else "its family errs more"
+        )
+        lines.append(
+            f"Recommended over {over.candidate.name} ({over.value:,.0f} tok/s predicted, "
+            f"{over.value / win.value - 1:+.0%}): {why} ({theirs.family}, uncertainty ±{theirs.uncertainty:.0%}), and "
+            f"its predicted gain is within that; {mine.family} was measured here. Measure it before relying on it."
+        )
+    gpu = t.result.case.cluster.gpu.name
+    here = sorted({f"{s.candidate.engine} {s.candidate.layout.family()}" for s in t.ranking.scores})
+    measured = [
+        f"{name} (±{c.uncertainty:.0%})"
+        for name in here
+        if (c := confidence(*name.split(" ", 1), "C 1-8", gpu)).basis == "this GPU"
+    ]
+    if measured:
+        lines.append(
+            f"Families measured on {gpu}: {', '.join(measured)}; the other {len(here) - len(measured)} families "
+            "searched are extrapolated from other GPUs or from no run."
+        )
     return lines
 
 
@@ -275,17 +308,19 @@ def _ranked_table(t: Theory, top: int) -> Table:
     shown = distinct_layouts(t)
     table = Table(
         title=f"top {min(top, len(shown))} of {len(shown)} layouts that start, each at its best options "
-        f"({len(t.ranking.scores)} setups)"
+        f"({len(t.ranking.scores)} setups); ±: its family's uncertainty (* not measured on these GPUs)"
     )
-    for name in ("#", "setup", "tok/s", "at C", "/GPU", "/user", "C=1", "bound", "KV req"):
+    for name in ("#", "setup", "tok/s", "±", "at C", "/GPU", "/user", "C=1", "bound", "KV req"):
         table.add_column(name, justify="left" if name in ("setup", "bound") else "right")
     for n, s in enumerate(shown[:top], start=1):
         c, p = s.candidate, s.at
         one = min(c.predictions, key=lambda q: q.concurrency)
+        conf = t.ranking.confidence(s)
         table.add_row(
             str(n),
             c.name,
             f"{p.output_tok_s:,.0f}",
+            f"{conf.uncertainty:.0%}" + ("" if conf.basis == "this GPU" else "*") if conf else "",
             str(p.concurrency),
             f"{p.output_tok_s / c.gpus:,.0f}",
             f"{p.per_user_tok_s:,.1f}",
@@ -455,7 +490,12 @@ def _short(cmd: str) -> str:
 # --- JSON -------------------------------------------------------------------------------------------------
 
 
-def _candidate_payload(c: Candidate, isl: int, osl: int) -> dict[str, Any]:
+def _candidate_payload(c: Candidate, isl: int, osl: int, gpu: str) -> dict[str, Any]:
+    family = c.layout.family()
+
+    def confidence_of(p: Prediction) -> Confidence:
+        return confidence(c.engine, family, regime_of(p.concurrency), gpu)
+
     return {
         "engine": c.engine,
         "layout": c.layout.describe(),
@@ -466,7 +506,7 @@ def _candidate_payload(c: Candidate, isl: int, osl: int) -> dict[str, Any]:
         "kv_tokens": c.memory.kv_tokens_total,
         "max_concurrency": c.memory.max_concurrency(isl=isl, osl=osl),
         "bound": c.peak.bound,
-        "predicted": [prediction_payload(p) for p in c.priced()],
+        "predicted": [prediction_payload(p, confidence_of) for p in c.priced()],
     }
 
 
@@ -509,7 +549,8 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
             "rank": n,
             "score": round(s.value, 3),
             "at_concurrency": s.at.concurrency,
-            **_candidate_payload(s.candidate, r.case.isl, r.case.osl),
+            "confidence": conf.to_json() if (conf := t.ranking.confidence(s)) else None,
+            **_candidate_payload(s.candidate, r.case.isl, r.case.osl, r.case.cluster.gpu.name),
         }
         for n, s in enumerate(scores, start=1)
     ]
@@ -525,6 +566,7 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
         "best": ranked[0] if ranked else None,
         "narrative": narrative(t),
         "preferred_over": t.ranking.preferred_over.candidate.name if t.ranking.preferred_over else None,
+        "unvalidated_over": t.ranking.unvalidated_over.candidate.name if t.ranking.unvalidated_over else None,
         "what_each_flag_buys": _gains_payload(t),
         "ranked": ranked,
         "why_others_lose": [

@@ -289,7 +289,9 @@ def _quark(cfg: dict[str, Any]) -> QuantScheme:
     spec = cfg.get("global_quant_config") or {}
     weight, inputs = spec.get("weight") or {}, spec.get("input_tensors") or {}
     if cfg.get("layer_quant_config") or cfg.get("layer_type_quant_config"):
-        raise SpecError("Quark configs with per-layer quant specs are not supported yet; give a --weight-dtype override")
+        raise SpecError(
+            "Quark configs with per-layer quant specs are not supported yet; give a --weight-dtype override"
+        )
     if (weight.get("dtype"), weight.get("group_size"), weight.get("scale_format")) != ("fp4", 32, "e8m0"):
         raise SpecError(
             f"unsupported Quark weight spec (dtype {weight.get('dtype')!r}, group {weight.get('group_size')!r}, scale "
