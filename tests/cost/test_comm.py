@@ -109,3 +109,20 @@ def test_a_collective_costs_the_same_on_every_group_with_the_same_span():
     nodes = load_cluster("2x8xh100")
     inside, across = (collective_cost(nodes, AR, size_bytes=64 * MiB, gpus=g).time_s for g in ((0, 1), (0, 8)))
     assert inside < across  # the span is not all alike: crossing nodes is slower
+
+
+def test_custom_all_reduce_on_nvlink_and_nccl_past_its_largest_input():
+    """8× B200: one decode token's hidden state (14 KiB) through the engines' custom all-reduce, linear between the
+    measured 2 KiB (4.8 µs) and 16 KiB (5.3 µs) points (AIC-CAR, SGLang 0.5.14), against NCCL's 25.1 µs; past 8 MiB
+    the engines hand the input to NCCL (custom_all_reduce.py max_size 8192 × 1024), so the NCCL curve prices it."""
+    box = load_cluster("8xb200")
+    token = collective_cost(box, AR, size_bytes=14 * 2**10, gpus=8, impl="custom")
+    assert token.impl == "custom" and token.time_s == pytest.approx(4.8e-6 + 12 / 14 * 0.5e-6)
+    nccl = 25.1e-6 + (14 * 2**10 - 512) * 1.75 / 704e9  # its 512 B point, then its best bus bandwidth
+    assert collective_cost(box, AR, size_bytes=14 * 2**10, gpus=8).time_s == pytest.approx(nccl)
+    at_limit = collective_cost(box, AR, size_bytes=8 * MiB, gpus=8, impl="custom")
+    past = collective_cost(box, AR, size_bytes=8 * MiB + 2, gpus=8, impl="custom")
+    assert at_limit.impl == "custom" and at_limit.time_s == pytest.approx(36.2e-6)
+    assert past.impl == "nccl" and past.time_s == pytest.approx(
+        collective_cost(box, AR, size_bytes=8 * MiB + 2, gpus=8).time_s
+    )

@@ -19,6 +19,11 @@ from typing import Literal
 from shardwise.hardware.collectives import Collective, bus_factor, ring_steps
 from shardwise.spec.cluster import ClusterSpec, Span
 
+# The largest input the engines' custom all-reduce takes; a larger one goes to NCCL (SGLang
+# distributed/device_communicators/custom_all_reduce.py _MAX_CAR_SIZE = 8192 * 1024 on CUDA, twice that on ROCm;
+# vLLM's CustomAllreduce max_size=8192 * 1024).
+CUSTOM_ALLREDUCE_MAX_BYTES = 8192 * 1024
+
 
 @dataclass(frozen=True, kw_only=True)
 class CollectiveCost:
@@ -71,7 +76,8 @@ def _measured(cluster: ClusterSpec, op: Collective, size_bytes: float, span: Spa
     n = span.gpus
     # reduce-scatter moves the same bytes in the same steps as all-gather, mirrored
     looked_up = Collective.ALL_GATHER if op is Collective.REDUCE_SCATTER else op
-    curve = tables.curve(looked_up, n, impl) or tables.curve(looked_up, n, "nccl")
+    custom = impl != "custom" or size_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES
+    curve = (tables.curve(looked_up, n, impl) if custom else None) or tables.curve(looked_up, n, "nccl")
     if curve is None:
         return None
     alpha = ring_steps(op, n) * _step_latency_s(cluster, span)
