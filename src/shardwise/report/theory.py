@@ -100,9 +100,20 @@ def narrative(t: Theory) -> list[str]:
             else f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s at full batch."
         )
     if t.crossovers:
+        gpu = t.result.case.cluster.gpu.name
+
+        def measured_here(c: Candidate, concurrency: int) -> bool:
+            return confidence(c.engine, c.layout.family(), regime_of(concurrency), gpu).basis == "this GPU"
+
+        named = [
+            f"{b.candidate.name}{'' if measured_here(b.candidate, b.concurrency) else '*'} from {b.concurrency} clients"
+            for _, b in t.crossovers
+        ]
+        starred = any(name.split(" from ")[0].endswith("*") for name in named)
         lines.append(
-            "The best setup changes with load: "
-            + "; ".join(f"{b.candidate.name} from {b.concurrency} clients" for _, b in t.crossovers)
+            "The best prediction changes with load: "
+            + "; ".join(named)
+            + (" (* its family was not measured on these GPUs)" if starred else "")
             + "."
         )
     lines.append(_trust_line())
