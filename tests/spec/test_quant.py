@@ -134,6 +134,11 @@ def test_quark_other_than_mxfp4_is_one_clear_error():
     spec = {"dtype": "int8", "group_size": None, "scale_format": None}
     with pytest.raises(SpecError, match="unsupported Quark weight spec"):
         scheme_from_config({"quant_method": "quark", "global_quant_config": {"weight": spec}})
+    mxfp4 = {"dtype": "fp4", "group_size": 32, "scale_format": "e8m0"}
+    with pytest.raises(SpecError, match="quantized KV cache are not supported"):
+        scheme_from_config(
+            {"quant_method": "quark", "global_quant_config": {"weight": mxfp4}, "kv_cache_quant_config": {"*": {}}}
+        )
 
 
 def test_mxfp4_modules_to_not_convert():

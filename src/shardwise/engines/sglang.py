@@ -289,7 +289,6 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
 
 
 @cache
-@cache
 def _scheduler(mixed_batches: bool, poll_decode_steps: int) -> SchedulerPolicy:
     """SGLang's scheduler policy (one object per setting for every layout: a search holds thousands)."""
     table = flag_table("sglang").scheduler

@@ -19,7 +19,7 @@ from shardwise.engines.flags import command_text
 from shardwise.report.predictions import PART_LABELS, prediction_payload
 from shardwise.report.simulation import short_load
 from shardwise.report.table import ShellLine
-from shardwise.serve.accuracy import Confidence, confidence, regime_of, stated_median
+from shardwise.serve.accuracy import Confidence, confidence, measured_on, regime_of, stated_median
 from shardwise.serve.steady import Prediction
 
 PART_NAMES = {
@@ -102,14 +102,12 @@ def narrative(t: Theory) -> list[str]:
     if t.crossovers:
         gpu = t.result.case.cluster.gpu.name
 
-        def measured_here(c: Candidate, concurrency: int) -> bool:
-            return confidence(c.engine, c.layout.family(), regime_of(concurrency), gpu).basis == "this GPU"
-
+        here = [measured_on(b.candidate.engine, b.candidate.layout.family(), gpu) for _, b in t.crossovers]
         named = [
-            f"{b.candidate.name}{'' if measured_here(b.candidate, b.concurrency) else '*'} from {b.concurrency} clients"
-            for _, b in t.crossovers
+            f"{b.candidate.name}{'' if ok else '*'} from {b.concurrency} clients"
+            for (_, b), ok in zip(t.crossovers, here, strict=True)
         ]
-        starred = any(name.split(" from ")[0].endswith("*") for name in named)
+        starred = not all(here)
         lines.append(
             "The best prediction changes with load: "
             + "; ".join(named)
@@ -137,16 +135,16 @@ def _confidence_lines(t: Theory) -> list[str]:
             f"{over.value / win.value - 1:+.0%}): {why} ({theirs.family}, uncertainty ±{theirs.uncertainty:.0%}), and "
             f"its predicted gain is within that; {mine.family} was measured here. Measure it before relying on it."
         )
-    gpu = t.result.case.cluster.gpu.name
-    here = sorted({f"{s.candidate.engine} {s.candidate.layout.family()}" for s in t.ranking.scores})
+    gpu, regime = t.result.case.cluster.gpu.name, mine.regime
+    searched = sorted({(s.candidate.engine, s.candidate.layout.family()) for s in t.ranking.scores})
     measured = [
-        f"{name} (±{c.uncertainty:.0%})"
-        for name in here
-        if (c := confidence(*name.split(" ", 1), "C 1-8", gpu)).basis == "this GPU"
+        f"{engine} {family} (±{confidence(engine, family, regime, gpu).uncertainty:.0%})"
+        for engine, family in searched
+        if measured_on(engine, family, gpu)
     ]
     if measured:
         lines.append(
-            f"Families measured on {gpu}: {', '.join(measured)}; the other {len(here) - len(measured)} families "
+            f"Families measured on {gpu}: {', '.join(measured)}; the other {len(searched) - len(measured)} families "
             "searched are extrapolated from other GPUs or from no run."
         )
     return lines

@@ -157,6 +157,12 @@ class Confidence:
         )
 
 
+@lru_cache(maxsize=1024)
+def measured_on(engine: str, family: str, gpu: str) -> bool:
+    """Whether any validated row of this engine and family ran on this GPU."""
+    return any((r.engine, r.family, r.gpu) == (engine, family, gpu) for r in validated_rows())
+
+
 def _median_abs(rows: list[ValidatedRow], metric: str) -> float | None:
     values = [abs(e) for r in rows if (e := r.errors[metric]) is not None]
     return statistics.median(values) if values else None

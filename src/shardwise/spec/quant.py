@@ -14,6 +14,7 @@ Scale layouts, as the checkpoints store them:
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 import re
@@ -285,12 +286,13 @@ def _modelopt(cfg: dict[str, Any]) -> QuantScheme:
 def _quark(cfg: dict[str, Any]) -> QuantScheme:
     """AMD Quark: one global spec for every linear layer but the excluded (exact names, or `re:` patterns); the
     engines build the excluded layers and lm_head unquantized. Only OCP MX FP4 with E8M0 scales per 32 (the MXFP4
-    exports) is read; per-layer specs are not."""
+    exports) is read; per-layer specs and a quantized KV cache are not."""
     spec = cfg.get("global_quant_config") or {}
     weight, inputs = spec.get("weight") or {}, spec.get("input_tensors") or {}
-    if cfg.get("layer_quant_config") or cfg.get("layer_type_quant_config"):
+    if cfg.get("layer_quant_config") or cfg.get("layer_type_quant_config") or cfg.get("kv_cache_quant_config"):
         raise SpecError(
-            "Quark configs with per-layer quant specs are not supported yet; give a --weight-dtype override"
+            "Quark configs with per-layer quant specs or a quantized KV cache are not supported yet; give a "
+            "--weight-dtype override"
         )
     if (weight.get("dtype"), weight.get("group_size"), weight.get("scale_format")) != ("fp4", 32, "e8m0"):
         raise SpecError(
@@ -298,14 +300,12 @@ def _quark(cfg: dict[str, Any]) -> QuantScheme:
             f"{weight.get('scale_format')!r}); supported: fp4, group 32, e8m0 (MXFP4)"
         )
     activation_bits = 4 if inputs.get("dtype") == "fp4" else 16
-    kv = (cfg.get("kv_cache_quant_config") or {}).get("dtype")
     return QuantScheme(
         method="quark",
-        quantized=WeightFormat(**{**FORMATS["mxfp4"].__dict__, "activation_bits": activation_bits}),
+        quantized=dataclasses.replace(FORMATS["mxfp4"], activation_bits=activation_bits),
         ignore=tuple(cfg.get("exclude") or ()),
         match="glob",
         exclude_lm_head=True,
-        kv_dtype="fp8" if kv and "fp8" in str(kv) else None,
         raw=cfg,
     )
 
