@@ -366,6 +366,7 @@ def test_theorise_json_names_the_best_and_the_excluded():
     # the best TP EP setup (the family the user's EP8 run validates here) and what its expert split buys
     assert best["confidence"]["family"] == "sglang TP EP" and best["confidence"]["validated_on"] == "this GPU"
     assert bought["--ep-size 4"]["gain"] > 0 and bought["FP8 KV cache"]["gain"] > 0
+    assert payload["measured_alternative"] is None  # the best itself was measured here
     assert payload["unvalidated_over"] == payload["ranked"][1]["engine"] + " " + payload["ranked"][1]["layout"] + (
         ", " + payload["ranked"][1]["variant"] if payload["ranked"][1]["variant"] else ""
     )

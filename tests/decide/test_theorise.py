@@ -74,19 +74,62 @@ def test_the_ranking_is_the_best_peak(user_case, by_prediction):
     _best_or_its_default_twin(by_prediction, max(peaks))
 
 
-def test_an_extrapolated_family_does_not_win_within_its_uncertainty(user_case, by_prediction):
+def _confidences(measured, top_uncertainty):
+    """A confidence per score: `measured` (a score) validated on this GPU at ±10 %, every other setup extrapolated
+    at ±`top_uncertainty`."""
+    from shardwise.serve.accuracy import Confidence
+
+    def of(score):
+        here = score.candidate is measured.candidate
+        return Confidence(
+            family="measured" if here else "extrapolated",
+            regime="C > 64",
+            basis="this GPU" if here else "none",
+            rows=1 if here else 0,
+            scope="",
+            median_error={"output_tok_s": 0.1 if here else None},
+            uncertainty=0.1 if here else top_uncertainty,
+        )
+
+    return of
+
+
+def test_a_measured_family_wins_within_the_tops_uncertainty_and_not_beyond(user_case, by_prediction):
+    """The rule, on the user's candidates with made-up confidences: a setup measured on these GPUs comes first where
+    the top prediction's gain over it is within the top's uncertainty; beyond it the top stays first and the measured
+    one is named as the fallback."""
+    top = by_prediction.scores[0]
+    # the first setup the top beats by more than the measured one's own ±10 %
+    measured = next(s for s in by_prediction.scores if top.value > 1.3 * s.value)
+    gain = top.value / measured.value - 1
+    within = rank(
+        user_case.result.candidates, Objective.MAX_THROUGHPUT, confidence_of=_confidences(measured, 1.01 * gain)
+    )
+    beyond = rank(
+        user_case.result.candidates,
+        Objective.MAX_THROUGHPUT,
+        confidence_of=_confidences(measured, 0.99 * gain),
+    )
+    # first: the measured setup (or its twin with the engine's defaults, where the two tie)
+    assert within.best.candidate.layout.structure() == measured.candidate.layout.structure()
+    assert within.unvalidated_over.candidate is top.candidate and within.measured_alternative is None
+    assert beyond.unvalidated_over is None and beyond.measured_alternative.candidate is measured.candidate
+    assert beyond.best.candidate.layout.structure() == top.candidate.layout.structure()
+
+
+def test_an_extrapolated_family_wins_only_beyond_its_uncertainty(user_case, by_prediction):
     """On the user's box the top prediction (attention DP, EP, PP and DCP over PCIe) belongs to a family no run
-    measured on RTX PRO 6000: its uncertainty is the 90th percentile of every validated row's error. The user's own
-    EP8 run (TP EP, 0 % off at one request) supports TP EP here, so the best TP EP setup is recommended: the top's
-    gain over it is within that uncertainty, and the report says so."""
+    measured on RTX PRO 6000: its uncertainty is the 90th percentile of every validated row's error. Its predicted gain
+    over the best TP EP setup (the family the user's EP8 run validates here) exceeds that, so it is recommended, and
+    the report names the measured TP EP setup as the fallback to measure against."""
     ranking = user_case.ranking
-    passed, best = ranking.unvalidated_over, ranking.best
-    assert passed is by_prediction.best or passed.value == pytest.approx(by_prediction.best.value)
-    assert ranking.confidence(passed).basis == "none"
-    mine = ranking.confidence(best)
-    assert mine.family == "sglang TP EP" and mine.basis == "this GPU" and mine.rows == 1
-    assert best.value < passed.value <= best.value * (1 + ranking.confidence(passed).uncertainty)
-    assert "no run of its family was measured on these GPUs" in " ".join(narrative(user_case))
+    best, alt = ranking.best, ranking.measured_alternative
+    assert ranking.unvalidated_over is None
+    assert best.value == pytest.approx(by_prediction.best.value, rel=5e-4)
+    mine, theirs = ranking.confidence(best), ranking.confidence(alt)
+    assert mine.basis == "none" and theirs.basis == "this GPU" and theirs.family == "sglang TP EP"
+    assert best.value > alt.value * (1 + mine.uncertainty)
+    assert "that one is the measured fallback" in " ".join(narrative(user_case))
 
 
 def test_a_tie_goes_to_the_engine_defaults(user_case):

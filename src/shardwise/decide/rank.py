@@ -58,6 +58,8 @@ class Ranking:
     band: float = 0.0  # relative gap under which two variants of one layout are a tie
     preferred_over: Score | None = None  # the top prediction, where a tie put the engine's defaults before it
     unvalidated_over: Score | None = None  # the top prediction, where a better validated setup came before it
+    # the best setup whose family was measured on these GPUs, where the recommended one's was not (its gain beat it)
+    measured_alternative: Score | None = None
     confidence_of: Callable[[Score], Confidence] | None = None
 
     def confidence(self, score: Score) -> Confidence | None:
@@ -117,6 +119,7 @@ def rank(
             unvalidated = scores[0]
             scores.remove(validated)
             scores.insert(0, validated)
+    alternative = _measured_alternative(scores, confidence_of) if confidence_of is not None else None
     band = tie_band()
     default = _closest_to_defaults(scores, band)
     top = scores[0] if scores else None
@@ -132,6 +135,7 @@ def rank(
         band=band,
         preferred_over=top if default is not None and default is not top else None,
         unvalidated_over=unvalidated,
+        measured_alternative=alternative,
         confidence_of=confidence_of,
     )
 
@@ -157,6 +161,14 @@ def _validated_first(scores: list[Score], confidence_of: Callable[[Score], Confi
         if better is None:
             return top
         top = better
+
+
+def _measured_alternative(scores: list[Score], confidence_of: Callable[[Score], Confidence]) -> Score | None:
+    """Where the setup to recommend belongs to a family no run measured on this GPU (its gain beat every measured
+    one's by more than its uncertainty), the best setup whose family was: what to fall back on, and to measure."""
+    if not scores or confidence_of(scores[0]).basis == "this GPU":
+        return None
+    return next((s for s in scores if confidence_of(s).basis == "this GPU"), None)
 
 
 def tied(value: float, top: float, band: float) -> bool:

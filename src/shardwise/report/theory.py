@@ -135,6 +135,14 @@ def _confidence_lines(t: Theory) -> list[str]:
             f"{over.value / win.value - 1:+.0%}): {why} ({theirs.family}, uncertainty ±{theirs.uncertainty:.0%}), and "
             f"its predicted gain is within that; {mine.family} was measured here. Measure it before relying on it."
         )
+    alt = t.ranking.measured_alternative
+    if alt is not None and (theirs := t.ranking.confidence(alt)) is not None:
+        lines.append(
+            f"Its family was not measured on these GPUs, and its predicted gain ({win.value / alt.value - 1:+.0%}) "
+            f"exceeds its uncertainty (±{mine.uncertainty:.0%}) over the best setup whose family was: "
+            f"{alt.candidate.name} ({alt.value:,.0f} tok/s, {theirs.family} ±{theirs.uncertainty:.0%}). Measure the "
+            "winner before relying on it; that one is the measured fallback."
+        )
     gpu, regime = t.result.case.cluster.gpu.name, mine.regime
     searched = sorted({(s.candidate.engine, s.candidate.layout.family()) for s in t.ranking.scores})
     measured = [
@@ -576,6 +584,9 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
         "narrative": narrative(t),
         "preferred_over": t.ranking.preferred_over.candidate.name if t.ranking.preferred_over else None,
         "unvalidated_over": t.ranking.unvalidated_over.candidate.name if t.ranking.unvalidated_over else None,
+        "measured_alternative": t.ranking.measured_alternative.candidate.name
+        if t.ranking.measured_alternative
+        else None,
         "what_each_flag_buys": _gains_payload(t),
         "ranked": ranked,
         "why_others_lose": [
