@@ -280,3 +280,25 @@ def test_stages_whose_collectives_span_the_cluster_alike_share_their_time_and_li
     ops = costs.step_model.ops(phase=Phase.DECODE, requests=8, new_tokens=1, context_tokens=1024)
     reduces = {o.stage: o.group for o in ops if isinstance(o, Comm) and o.collective.value == "all_reduce"}
     assert reduces[3] == tuple(range(24, 32)) and reduces[4] == tuple(range(32, 40))
+
+
+def test_allreduce_norm_fusion_folds_two_norm_kernels_per_layer_up_to_its_token_limit():
+    """DeepSeek-R1 TP8 on B200 (SGLang fuses by itself there): each layer's two residual-add norms run inside the
+    all-reduces before them, so a step launches 2 x 61 kernels fewer and moves 2 x tokens x hidden x 2 (read and
+    write) bf16 values fewer per layer, all-reduces priced as before; past 2048 tokens a step runs them apart."""
+    cluster, model = load_cluster("8xb200"), load_model("deepseek-r1")
+    fused = check_command("python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1-0528 --tp 8",
+                          cluster=cluster).setup.layout  # fmt: skip
+    apart = fused.model_copy(update={"options": fused.options.model_copy(update={"allreduce_norm_fusion_tokens": 0})})
+    assert fused.options.allreduce_norm_fusion_tokens == 2048
+
+    def step(layout, tokens):
+        return StepCostModel.of(model, layout, cluster).step(phase=Phase.PREFILL, requests=1, new_tokens=tokens)
+
+    for tokens, fewer in ((64, 2 * model.num_layers), (2048, 2 * model.num_layers), (4096, 0)):
+        a, b = step(fused, tokens), step(apart, tokens)
+        assert sum(o.kernels for o in b.ops) - sum(o.kernels for o in a.ops) == fewer, tokens
+        norms = [sum(o.bytes for o in s.ops if o.name == "norms, rotary, residual") for s in (a, b)]
+        assert norms[1] - norms[0] == fewer * 2 * tokens * model.hidden_size * 2, tokens
+        comm = [sum(o.time_s for o in s.ops if o.op_class is OpClass.COMM) for s in (a, b)]
+        assert comm[0] == pytest.approx(comm[1]), tokens

@@ -310,3 +310,30 @@ def test_multi_node_commands_one_per_node():
         address = command[command.index("--dist-init-addr") + 1]
         assert address.startswith("${HEAD_IP:?") and address.endswith(":${HEAD_PORT:-50000}")
         assert SGLANG.resolve(command[3:], model=model, cluster=box).valid  # check takes each node's command
+
+
+@pytest.mark.parametrize(
+    "flags, model, cluster, version, fused",
+    [
+        # on by itself from 0.5.9 for DeepSeek-V3's architecture on SM100 with TP and no attention DP
+        ("--tp 8", "deepseek-r1", "8xb200", "0.5.23", True),
+        ("--tp 8", "deepseek-r1", "8xb200", "0.5.9", True),
+        ("--tp 8", "deepseek-r1", "8xb200", "0.5.5", False),
+        ("--tp 8 --enable-flashinfer-allreduce-fusion", "deepseek-r1", "8xb200", "0.5.5", True),
+        ("--tp 8 --attn-dp-size 8", "deepseek-r1", "8xb200", "0.5.23", False),  # attention DP: never
+        ("--tp 8 --enforce-disable-flashinfer-allreduce-fusion", "deepseek-r1", "8xb200", "0.5.23", False),
+        # Kimi K2.6's checkpoint names its multimodal wrapper, which the list has; SM90 runs it too
+        ("--tp 8", "kimi-k2.6", "8xh200", "0.5.23", True),
+        # SM120 (RTX PRO 6000) has no FlashInfer fusion kernel: not even when asked
+        ("--tp 8 --enable-flashinfer-allreduce-fusion", "kimi-k2.6", "8xrtx-pro-6000", "0.5.23", False),
+        # an architecture the list does not have runs it only when asked
+        ("--tp 8", "llama-3.1-70b", "8xh100", "0.5.23", False),
+        ("--tp 8 --enable-flashinfer-allreduce-fusion", "llama-3.1-70b", "8xh100", "0.5.23", True),
+        ("--tp 1 --enable-flashinfer-allreduce-fusion", "llama-3.1-70b", "8xh100", "0.5.23", False),  # no all-reduce
+    ],
+)
+def test_allreduce_norm_fusion_where_sglang_runs_it(flags, model, cluster, version, fused):
+    setup = resolve(flags, model=model, cluster=cluster, version=version)
+    assert setup.layout.options.allreduce_norm_fusion_tokens == (2048 if fused else 0)
+    auto = fused and "--enable-flashinfer-allreduce-fusion" not in flags
+    assert any("fused with the residual add and RMSNorm" in n.message for n in setup.notes) == auto

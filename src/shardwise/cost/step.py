@@ -38,7 +38,7 @@ from shardwise.spec.model import ModelSpec
 
 PARTS = ("compute", "memory", "comm", "launch", "host")
 # options that change what an op costs; the others size memory or decide how the host issues the kernels
-COST_OPTIONS = ("two_batch_overlap", "overlap_from_tokens", "eplb", "kv_cache_dtype")
+COST_OPTIONS = ("two_batch_overlap", "overlap_from_tokens", "eplb", "allreduce_norm_fusion_tokens", "kv_cache_dtype")
 _COST_OPTIONS = attrgetter(*COST_OPTIONS)
 
 

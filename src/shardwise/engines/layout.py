@@ -104,6 +104,11 @@ class EngineOptions(Frozen):
         True, description="the scheduler prepares the next batch while the GPU runs this one (hides its host time)"
     )
     eplb: bool = False
+    allreduce_norm_fusion_tokens: int = Field(
+        0,
+        description="steps of up to this many tokens per rank run each all-reduce fused with the residual add and "
+        "RMSNorm after it (SGLang's FlashInfer fusion); 0 = never",
+    )
     kv_cache_dtype: str | None = Field(None, description="None = the model's dtype")
     chunked_prefill_tokens: int | None = None
     max_running_requests: int | None = Field(None, description="request slots per attention-DP rank")

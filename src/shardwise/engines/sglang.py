@@ -213,6 +213,40 @@ def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: 
     ]
 
 
+def _allreduce_fusion(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:
+    """Whether each all-reduce runs fused with the residual add and RMSNorm after it (FlashInfer's kernel): on by its
+    flags, or by itself for the architectures sglang.yaml lists from the release that lists them; it runs only on
+    SM90 / SM100 GPUs, with TP > 1 and no attention DP, on steps of up to `max_tokens` tokens."""
+    rule = flag_table("sglang").allreduce_fusion
+    on = bool(f.get("enable_flashinfer_allreduce_fusion") or f.get("flashinfer_allreduce_fusion_backend"))
+    capability = cluster.gpu.compute_capability.value
+    runs = capability in rule["capabilities"] and f["tp_size"] > 1 and f["attn_dp_size"] == 1
+    arch = model.wrapper_architecture or model.architecture
+    auto = {a for since, archs in rule["auto_since"].items() if version >= Version(since) for a in archs}
+    nodes_ok = f.get("nnodes", 1) == 1 or (version >= Version("0.5.23") and capability.startswith("10."))
+    notes = []
+    if f.get("enforce_disable_flashinfer_allreduce_fusion"):  # applied after every model-specific adjustment
+        f["allreduce_norm_fusion_tokens"] = 0
+        return notes
+    if not on and runs and arch in auto and nodes_ok and f["moe_a2a_backend"] == "none":
+        on = True
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"all-reduces run fused with the residual add and RMSNorm after them (FlashInfer), on by "
+                f"itself for {arch} on this GPU",
+                source=f"sglang {version} "
+                + (
+                    "arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable"
+                    if version >= Version("0.5.23")
+                    else "server_args.py _handle_model_specific_adjustments"
+                ),
+            )
+        )
+    f["allreduce_norm_fusion_tokens"] = rule["max_tokens"] if on and runs else 0
+    return notes
+
+
 def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec, model: ModelSpec) -> list[Note]:
     """The configuration SGLang runs: its silent rewrites applied to `f` (its defaults with the command's options over
     them), each with a note."""
@@ -228,6 +262,7 @@ def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec
         *_speculative(f, version),
     ]
     notes += _memory(f, model, cluster, version)
+    notes += _allreduce_fusion(f, model, cluster, version)
     return notes
 
 
@@ -251,6 +286,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         two_batch_overlap=bool(f.get("enable_two_batch_overlap")),
         overlap_schedule=not f.get("disable_overlap_schedule") and f["pp_size"] == 1,
         eplb=bool(f.get("enable_eplb")),
+        allreduce_norm_fusion_tokens=f.get("allreduce_norm_fusion_tokens", 0),
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
         chunked_prefill_tokens=f.get("chunked_prefill_size"),
         max_running_requests=(

@@ -209,6 +209,8 @@ class LayerInputs:
     experts: ExpertInputs | None
     gathered: bool  # the shared experts and router see every attention-DP rank's tokens
     dense_gathered: bool  # so does the dense MLP (its own TP over the DP ranks)
+    # steps of up to this many tokens per rank fold the two residual-add norms into the all-reduces before them
+    norm_fusion_tokens: int
     # its elementwise kernels: two residual-add norms, rotary, cache write (+ the q_a and kv_a norms of MLA), the MoE
     # output add; and whether it runs routed experts
     elementwise: int = field(init=False)
@@ -295,7 +297,8 @@ def layer_inputs(
     )
     gathered = layout.attn_dp > 1 and layout.moe_comm != "all2all"
     dense_gathered = layout.attn_dp > 1 and layout.dense_tp > 1
-    return book.interned(LayerInputs, model, kind, gemms, attention, routed, gathered, dense_gathered)
+    fusion = layout.options.allreduce_norm_fusion_tokens
+    return book.interned(LayerInputs, model, kind, gemms, attention, routed, gathered, dense_gathered, fusion)
 
 
 class CommEntry(NamedTuple):
@@ -815,12 +818,22 @@ def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tok
     return keys
 
 
+def _fused_norms(inputs: LayerInputs, rank_tokens: int) -> int:
+    """The layer's residual-add norms that run inside the all-reduce before them (its attention output's and its
+    MLP's; the kernel does the reduction and the norm in one pass, so the all-reduce is priced as before and the two
+    norm kernels are gone). The last layer's MLP all-reduce has no next norm to fuse with: one kernel per step, kept
+    out of the count."""
+    return 2 if 0 < rank_tokens <= inputs.norm_fusion_tokens else 0
+
+
 def layer_other_keys(piece: LayerPiece) -> list[LayerOpKey]:
     """The keys of a layer's attention, elementwise kernels and routed experts."""
     inputs = piece.inputs
     keys: list[LayerOpKey] = [
         AttentionKey(inputs.attention, piece.phase, piece.rank_requests, piece.new_tokens, piece.context),
-        ElementwiseKey(inputs.elementwise, inputs.model.hidden_size, piece.rank_tokens),
+        ElementwiseKey(
+            inputs.elementwise - _fused_norms(inputs, piece.rank_tokens), inputs.model.hidden_size, piece.rank_tokens
+        ),
     ]
     if inputs.moe:
         keys.append(ExpertsKey(inputs.experts, piece.stage_tokens))
