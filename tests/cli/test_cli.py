@@ -79,6 +79,8 @@ def shardwise(*args: str) -> subprocess.CompletedProcess:
         (["cluster", "8xwarp-drive"], "unknown GPU"),
         (["cluster", "eight h100s"], "cannot read cluster"),
         (["cluster", "--sizes", "big"], "cannot read"),
+        # refused before the minutes of predictions the record would hold
+        (["validate", "--set", "all", "--record", "/no/such/folder/validated.csv"], "no folder /no/such/folder"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_no_traceback(args, message):

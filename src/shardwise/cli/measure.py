@@ -151,11 +151,13 @@ def validate(
         validated_csv,
     )
     from shardwise.report import validation as report_validation
-    from shardwise.report.files import write_text
+    from shardwise.report.files import check_writable, write_text
 
     sets = ("publications", "inferencex", "all")
     if measured not in sets:
         raise SpecError(f"--set {measured!r}: use one of {', '.join(sets)}")
+    if record is not None:
+        check_writable(record)  # before minutes of predictions
     rows, skipped = [], []
     for path in files or []:
         if path.suffix == ".csv":  # the InferenceX points form

@@ -9,6 +9,18 @@ from pathlib import Path
 from shardwise.errors import SpecError
 
 
+def check_writable(path: Path) -> None:
+    """Refuse, before any work, a path `write_text` could not write: a folder, or a file in a folder that does not
+    exist or cannot be written to."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise SpecError(f"cannot write {path}: it is a folder; give a file path")
+    if not folder.is_dir():
+        raise SpecError(f"cannot write {path}: no folder {folder}; give a path in a folder that exists")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(f"cannot write {path}: {folder} is not writable; give a path in a folder you can write to")
+
+
 def write_text(path: Path, text: str) -> None:
     """Write `text` to `path` atomically; a path that cannot be written is one clear error."""
     folder = path.parent if str(path.parent) else Path(".")
