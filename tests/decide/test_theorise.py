@@ -74,9 +74,9 @@ def test_the_ranking_is_the_best_peak(user_case, by_prediction):
     _best_or_its_default_twin(by_prediction, max(peaks))
 
 
-def _confidences(measured, top_uncertainty):
-    """A confidence per score: `measured` (a score) validated on this GPU at ±10 %, every other setup extrapolated
-    at ±`top_uncertainty`."""
+def _confidences(measured, top_uncertainty, measured_uncertainty=0.1):
+    """A confidence per score: `measured` (a score) validated on this GPU at ±`measured_uncertainty`, every other
+    setup extrapolated at ±`top_uncertainty`."""
     from shardwise.serve.accuracy import Confidence
 
     def of(score):
@@ -87,8 +87,8 @@ def _confidences(measured, top_uncertainty):
             basis="this GPU" if here else "none",
             rows=1 if here else 0,
             scope="",
-            median_error={"output_tok_s": 0.1 if here else None},
-            uncertainty=0.1 if here else top_uncertainty,
+            median_error={"output_tok_s": measured_uncertainty if here else None},
+            uncertainty=measured_uncertainty if here else top_uncertainty,
         )
 
     return of
@@ -115,6 +115,13 @@ def test_a_measured_family_wins_within_the_tops_uncertainty_and_not_beyond(user_
     assert within.unvalidated_over.candidate is top.candidate and within.measured_alternative is None
     assert beyond.unvalidated_over is None and beyond.measured_alternative.candidate is measured.candidate
     assert beyond.best.candidate.layout.structure() == top.candidate.layout.structure()
+    # a measured family that errs more than the top may be off by is no fallback: the top stays, no one is named
+    erring = rank(
+        user_case.result.candidates,
+        Objective.MAX_THROUGHPUT,
+        confidence_of=_confidences(measured, 1.01 * gain, measured_uncertainty=2 * gain),
+    )
+    assert erring.unvalidated_over is None and erring.measured_alternative is None
 
 
 def test_an_extrapolated_family_wins_only_beyond_its_uncertainty(user_case, by_prediction):

@@ -315,25 +315,42 @@ def test_multi_node_commands_one_per_node():
 @pytest.mark.parametrize(
     "flags, model, cluster, version, fused",
     [
-        # on by itself from 0.5.9 for DeepSeek-V3's architecture on SM100 with TP and no attention DP
+        # on by itself for DeepSeek-V3's architecture on SM100 from 0.5.4, on SM90 too from 0.5.9
         ("--tp 8", "deepseek-r1", "8xb200", "0.5.23", True),
-        ("--tp 8", "deepseek-r1", "8xb200", "0.5.9", True),
-        ("--tp 8", "deepseek-r1", "8xb200", "0.5.5", False),
-        ("--tp 8 --enable-flashinfer-allreduce-fusion", "deepseek-r1", "8xb200", "0.5.5", True),
+        ("--tp 8", "deepseek-r1", "8xb200", "0.5.5", True),
+        ("--tp 8", "deepseek-r1", "8xb200", "0.5.3", False),
+        ("--tp 8", "deepseek-r1", "8xh200", "0.5.5", False),
+        ("--tp 8", "deepseek-r1", "8xh200", "0.5.9", True),
+        ("--tp 8 --enable-flashinfer-allreduce-fusion", "deepseek-r1", "8xh200", "0.5.5", True),
         ("--tp 8 --attn-dp-size 8", "deepseek-r1", "8xb200", "0.5.23", False),  # attention DP: never
         ("--tp 8 --enforce-disable-flashinfer-allreduce-fusion", "deepseek-r1", "8xb200", "0.5.23", False),
+        ("--tp 8 --enable-deterministic-inference", "deepseek-r1", "8xb200", "0.5.23", False),
+        ("--tp 8 --enable-deterministic-inference", "deepseek-r1", "8xb200", "0.5.9", True),  # not before 0.5.12
         # Kimi K2.6's checkpoint names its multimodal wrapper, which the list has; SM90 runs it too
         ("--tp 8", "kimi-k2.6", "8xh200", "0.5.23", True),
-        # SM120 (RTX PRO 6000) has no FlashInfer fusion kernel: not even when asked
-        ("--tp 8 --enable-flashinfer-allreduce-fusion", "kimi-k2.6", "8xrtx-pro-6000", "0.5.23", False),
-        # an architecture the list does not have runs it only when asked
+        # an architecture no list has fuses only when asked, and before 0.5.23 not at all (no LayerCommunicator)
         ("--tp 8", "llama-3.1-70b", "8xh100", "0.5.23", False),
         ("--tp 8 --enable-flashinfer-allreduce-fusion", "llama-3.1-70b", "8xh100", "0.5.23", True),
+        ("--tp 8 --enable-flashinfer-allreduce-fusion", "llama-3.1-70b", "8xh100", "0.5.12", False),
         ("--tp 1 --enable-flashinfer-allreduce-fusion", "llama-3.1-70b", "8xh100", "0.5.23", False),  # no all-reduce
     ],
 )
 def test_allreduce_norm_fusion_where_sglang_runs_it(flags, model, cluster, version, fused):
     setup = resolve(flags, model=model, cluster=cluster, version=version)
+    assert setup.valid
     assert setup.layout.options.allreduce_norm_fusion_tokens == (2048 if fused else 0)
     auto = fused and "--enable-flashinfer-allreduce-fusion" not in flags
     assert any("fused with the residual add and RMSNorm" in n.message for n in setup.notes) == auto
+
+
+def test_allreduce_fusion_off_sm90_and_sm100_does_not_start():
+    """0.5.23 resolves the fusion backend before CUDA graph capture and raises off SM90 / SM100 (RTX PRO 6000 is
+    SM120); one GPU has no fusion group, and 0.5.12 never resolves it (the flag is a no-op there)."""
+    flag = "--enable-flashinfer-allreduce-fusion"
+    assert rules(resolve(f"--tp 8 {flag}", version="0.5.23")) == ["allreduce_fusion_platform"]
+    assert rules(resolve("--tp 8 --flashinfer-allreduce-fusion-backend auto", version="0.5.23")) == [
+        "allreduce_fusion_platform"
+    ]
+    assert "allreduce_fusion_platform" not in rules(resolve(f"--tp 1 {flag}", version="0.5.23"))
+    assert "allreduce_fusion_platform" not in rules(resolve(f"--tp 8 {flag}", version="0.5.12"))
+    assert resolve(f"--tp 8 {flag}", version="0.5.12").layout.options.allreduce_norm_fusion_tokens == 0

@@ -56,7 +56,7 @@ def test_refuses_what_the_measurements_cannot_determine():
         calibrate(rows, names=["fudge_factor"])
 
 
-USER = [r for r in load_rows() if r.id.startswith("user-")]
+USER = [r for r in load_rows() if r.id.startswith("user-") and not r.peak]  # a peak carries no load to fit at
 
 
 @pytest.mark.xfail(

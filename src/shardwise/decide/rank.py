@@ -164,11 +164,18 @@ def _validated_first(scores: list[Score], confidence_of: Callable[[Score], Confi
 
 
 def _measured_alternative(scores: list[Score], confidence_of: Callable[[Score], Confidence]) -> Score | None:
-    """Where the setup to recommend belongs to a family no run measured on this GPU (its gain beat every measured
-    one's by more than its uncertainty), the best setup whose family was: what to fall back on, and to measure."""
-    if not scores or confidence_of(scores[0]).basis == "this GPU":
+    """Where the setup to recommend belongs to a family no run measured on this GPU, the best setup whose family was,
+    with a smaller error than the recommended one's uncertainty: what to fall back on, and to measure. The
+    recommended one beats it by more than its own uncertainty (else `_validated_first` would have put it first)."""
+    if not scores:
         return None
-    return next((s for s in scores if confidence_of(s).basis == "this GPU"), None)
+    mine = confidence_of(scores[0])
+    if mine.basis == "this GPU":
+        return None
+    return next(
+        (s for s in scores if (c := confidence_of(s)).basis == "this GPU" and c.uncertainty < mine.uncertainty),
+        None,
+    )
 
 
 def tied(value: float, top: float, band: float) -> bool:

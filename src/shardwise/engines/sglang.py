@@ -214,36 +214,42 @@ def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: 
 
 
 def _allreduce_fusion(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:
-    """Whether each all-reduce runs fused with the residual add and RMSNorm after it (FlashInfer's kernel): on by its
-    flags, or by itself for the architectures sglang.yaml lists from the release that lists them; it runs only on
-    SM90 / SM100 GPUs, with TP > 1 and no attention DP, on steps of up to `max_tokens` tokens."""
+    """Whether each all-reduce runs fused with the residual add and RMSNorm after it (FlashInfer's kernel), as
+    sglang.yaml's `allreduce_fusion` says: on by its flags or by itself, off by the switches that win over both; it
+    runs only on SM90 / SM100 GPUs with TP > 1 and no attention DP, on steps of up to `max_tokens` tokens."""
     rule = flag_table("sglang").allreduce_fusion
-    on = bool(f.get("enable_flashinfer_allreduce_fusion") or f.get("flashinfer_allreduce_fusion_backend"))
-    capability = cluster.gpu.compute_capability.value
-    runs = capability in rule["capabilities"] and f["tp_size"] > 1 and f["attn_dp_size"] == 1
     arch = model.wrapper_architecture or model.architecture
-    auto = {a for since, archs in rule["auto_since"].items() if version >= Version(since) for a in archs}
-    nodes_ok = f.get("nnodes", 1) == 1 or (version >= Version("0.5.23") and capability.startswith("10."))
+    capability = cluster.gpu.compute_capability.value
+    auto = {a: e["capabilities"] for e in rule["auto"] if version >= Version(e["since"]) for a in e["archs"]}
+    f["allreduce_norm_fusion_tokens"] = 0
+    if f.get("enforce_disable_flashinfer_allreduce_fusion") or (
+        f.get("enable_deterministic_inference") and version >= Version(rule["off_by_deterministic_since"])
+    ):
+        return []
+    runs = capability in rule["capabilities"] and f["tp_size"] > 1 and f["attn_dp_size"] == 1
+    fuses = arch in auto or version >= Version(rule["every_model_since"])  # the model's layers fuse at all
     notes = []
-    if f.get("enforce_disable_flashinfer_allreduce_fusion"):  # applied after every model-specific adjustment
-        f["allreduce_norm_fusion_tokens"] = 0
-        return notes
-    if not on and runs and arch in auto and nodes_ok and f["moe_a2a_backend"] == "none":
-        on = True
-        notes.append(
-            Note(
-                kind="rewrite",
-                message=f"all-reduces run fused with the residual add and RMSNorm after them (FlashInfer), on by "
-                f"itself for {arch} on this GPU",
-                source=f"sglang {version} "
-                + (
-                    "arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable"
-                    if version >= Version("0.5.23")
-                    else "server_args.py _handle_model_specific_adjustments"
-                ),
+    on = bool(f.get("enable_flashinfer_allreduce_fusion") or f.get("flashinfer_allreduce_fusion_backend"))
+    if not on and capability in auto.get(arch, ()) and runs:
+        checked = version >= Version("0.5.9")  # from 0.5.9 the switch also asks for one node and no all-to-all
+        nodes_ok = f.get("nnodes", 1) == 1 or (version >= Version("0.5.23") and capability.startswith("10."))
+        on = not checked or (nodes_ok and f["moe_a2a_backend"] == "none")
+        if on:
+            notes.append(
+                Note(
+                    kind="rewrite",
+                    message=f"all-reduces run fused with the residual add and RMSNorm after them (FlashInfer), on "
+                    f"by itself for {arch} on this GPU",
+                    source=f"sglang {version} "
+                    + (
+                        "arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable"
+                        if version >= Version("0.5.23")
+                        else "server_args.py _handle_model_specific_adjustments"
+                    ),
+                )
             )
-        )
-    f["allreduce_norm_fusion_tokens"] = rule["max_tokens"] if on and runs else 0
+    if on and runs and fuses:
+        f["allreduce_norm_fusion_tokens"] = rule["max_tokens"]
     return notes
 
 

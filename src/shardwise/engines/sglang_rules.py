@@ -539,6 +539,31 @@ def enough_gpus(ctx: Context) -> Rejection | None:
     )
 
 
+FUSION_CAPABILITIES = ("9.0", "10.0", "10.3")  # is_sm90 / is_sm100 (SM100 and SM103)
+
+
+def allreduce_fusion_platform(ctx: Context) -> Rejection | None:
+    """0.5.23 resolves the FlashInfer all-reduce fusion backend when it sets up the fusion workspaces, before CUDA
+    graph capture, wherever the fusion group has more than one GPU; off SM90 / SM100 that raises."""
+    f = ctx.flags
+    asked = f.get("enable_flashinfer_allreduce_fusion") or f.get("flashinfer_allreduce_fusion_backend")
+    capability = ctx.cluster.gpu.compute_capability.value
+    if ctx.version < V0523 or not asked or f["tp_size"] == 1 or capability in FUSION_CAPABILITIES:
+        return None
+    return Rejection(
+        rule="allreduce_fusion_platform",
+        stage="load",
+        reason=f"FlashInfer's all-reduce fusion runs on SM90 and SM100 GPUs only; {ctx.cluster.gpu.name} is "
+        f"{capability}: drop --enable-flashinfer-allreduce-fusion / --flashinfer-allreduce-fusion-backend",
+        engine_error="ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.",
+        source=_src(
+            ctx,
+            "layers/flashinfer_comm_fusion.py _resolve_backend (ensure_workspace_initialized, from "
+            "model_executor/runner/base_runner.py _pre_initialize_flashinfer_allreduce_workspace)",
+        ),
+    )
+
+
 RULES: list[Rule] = [
     attn_dp_divides_tp,
     attn_cp_divides_tp,
@@ -561,5 +586,6 @@ RULES: list[Rule] = [
     mtp_needs_draft,
     attention_dp_support,
     language_model_only,
+    allreduce_fusion_platform,
     enough_gpus,
 ]

@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from shardwise.cost.memory import memory_ledger
+from shardwise.cost.memory import MemoryLedger, memory_ledger
 from shardwise.cost.step import StepCost
 from shardwise.engines.check import check_command
 from shardwise.engines.flags import flag_table, parse_version, split_command, unmodelled_flags
@@ -34,6 +34,7 @@ from shardwise.hardware.load import read_yaml, validate
 from shardwise.measure.importers import MeasuredLevel
 from shardwise.serve.accuracy import GROUPS, METRICS, VALIDATED_COLUMNS, group_of, regime_of
 from shardwise.serve.simulate import ServeResult, simulate
+from shardwise.serve.steady import Predictor
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.workload import Lengths, WorkloadSpec, dataset
@@ -71,11 +72,20 @@ class ReferenceRow(Frozen):
     split_key: str | None = Field(None, description="what the training / held-out split is fixed by; default: source")
     not_modelled: tuple[str, ...] = Field((), description="what the run set that the prediction does not model")
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
+    peak: bool = Field(
+        False,
+        description="output_tok_s is the most the run reached over loads it does not record: predicted at the "
+        "closed loop's load where the prediction peaks (PEAK_CLIENTS)",
+    )
     assumed: str | None = None
 
     @model_validator(mode="after")
     def _load_given(self) -> ReferenceRow:
-        if self.concurrency is None and self.request_rate is None:
+        if self.peak and (
+            self.concurrency or self.request_rate or self.tpot_ms or self.ttft_ms or not self.output_tok_s
+        ):
+            raise ValueError("a peak gives output_tok_s alone: its load is what it does not record")
+        if self.concurrency is None and self.request_rate is None and not self.peak:
             raise ValueError("a measurement needs its load: concurrency (closed loop) or request_rate (open loop)")
         if self.benchmark == "one_batch" and self.concurrency is None:
             raise ValueError("a static batch (benchmark: one_batch) needs its size as concurrency")
@@ -127,6 +137,8 @@ class ReferenceRow(Frozen):
         if self.benchmark == "one_batch":
             return f"batch {self.concurrency}"
         n = self.num_prompts or 1000
+        if self.peak:
+            return f"peak (predicted at C={self.concurrency})" if self.concurrency else "peak"
         if self.request_rate is None or math.isinf(self.request_rate):
             return f"C={self.concurrency}" if self.concurrency else f"{n:,} at once"
         return f"{self.request_rate:g}/s" + (f" C={self.concurrency}" if self.concurrency else "")
@@ -208,6 +220,8 @@ def check_row(
     steps = StepTimes(
         checked.model, layout, cluster, accept_length=row.accept_length, tables=tables, prefill_scale=prefill_scale
     )
+    if row.peak:
+        row = _at_peak(row, steps, memory)
     workload = row.workload_spec()
     try:
         result = simulate(steps, memory, workload)
@@ -230,6 +244,17 @@ def check_row(
         kv_tokens=memory.kv_tokens_per_rank,
         not_modelled=unread,
     )
+
+
+PEAK_CLIENTS = tuple(2**i for i in range(13))  # 1 … 4096 clients, doubling, as theorise's search goes
+
+
+def _at_peak(row: ReferenceRow, steps: StepTimes, memory: MemoryLedger) -> ReferenceRow:
+    """A peak, whose load the run does not record, as predicted: the closed loop at the fewest clients where the
+    steady-state prediction is highest, run for four rounds of them."""
+    figures = Predictor(steps, memory).figures(PEAK_CLIENTS, isl=row.isl, osl=row.osl)
+    best = max(figures, key=lambda p: p.output_tok_s)  # the first of equals: the fewest clients
+    return row.model_copy(update={"concurrency": best.concurrency, "num_prompts": 4 * best.concurrency})
 
 
 @dataclass(frozen=True, kw_only=True)

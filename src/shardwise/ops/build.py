@@ -821,8 +821,9 @@ def layer_gemm_keys(inputs: LayerInputs, phase: str, rank_tokens: int, stage_tok
 def _fused_norms(inputs: LayerInputs, rank_tokens: int) -> int:
     """The layer's residual-add norms that run inside the all-reduce before them (its attention output's and its
     MLP's; the kernel does the reduction and the norm in one pass, so the all-reduce is priced as before and the two
-    norm kernels are gone). The last layer's MLP all-reduce has no next norm to fuse with: one kernel per step, kept
-    out of the count."""
+    norm kernels are gone). Counted as two in every layer: the first layer's input norm has no all-reduce before it
+    and the last layer's MLP all-reduce no norm after it, which leaves one more norm kernel per stage in the engine
+    than here."""
     return 2 if 0 < rank_tokens <= inputs.norm_fusion_tokens else 0
 
 
