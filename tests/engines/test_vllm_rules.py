@@ -228,3 +228,28 @@ def test_gpt_oss_needs_a_kv_head_per_rank():
     assert resolve("-tp 8", model="gpt-oss-120b", cluster="8xh100").valid
     llama = resolve("-tp 16 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1", model="llama-3.1-70b", cluster="2x8xh100")
     assert "kv_heads_per_rank" not in rules(llama)
+
+
+@pytest.mark.parametrize(
+    "flags, model, cluster, tokens",
+    [
+        # 8 H100 (SM90): 0.5 MiB over hidden 8192 × 2 bytes
+        ("-tp 8", "llama-3.1-70b", "8xh100", 32),
+        # 8 B200 (SM100): 1 MiB over hidden 7168 × 2 bytes
+        ("-tp 8", "deepseek-r1", "8xb200", 73),
+        # 4 H100: 2 MiB over hidden 4096 × 2 bytes
+        ("-tp 4", "qwen3-235b-a22b", "8xh100", 256),
+        ("-tp 8 --enforce-eager", "llama-3.1-70b", "8xh100", 0),  # no compilation, no fusion pass
+        ("-tp 1", "llama-3.1-70b", "8xh100", 0),  # no all-reduce
+        ("-tp 8", "kimi-k2.6", "8xrtx-pro-6000", 0),  # SM120: the pass is off
+    ],
+)
+def test_allreduce_rms_fusion_up_to_its_size(flags, model, cluster, tokens):
+    setup = VLLM.resolve(flags.split(), model=load_model(model), cluster=load_cluster(cluster), version="0.33.0")
+    assert setup.layout.options.allreduce_norm_fusion_tokens == tokens
+
+
+def test_allreduce_rms_fusion_is_read_from_033_on():
+    older = VLLM.resolve("-tp 8".split(), model=load_model("llama-3.1-70b"), cluster=load_cluster("8xh100"),
+                         version="0.11.0")  # fmt: skip
+    assert older.layout.options.allreduce_norm_fusion_tokens == 0

@@ -69,6 +69,7 @@ def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec
         )
     notes += _kv_sizing(f, table.since(table.kv_sizing, version), cluster=cluster, version=version)
     f["cuda_graph"] = not f.get("enforce_eager")
+    f["allreduce_norm_fusion_tokens"] = _allreduce_fusion_tokens(f, model, cluster, version)
     datacenter_blackwell = cluster.gpu.compute_capability.value in ("10.0", "10.3")
     f["cuda_graph_max_bs"] = min(f["max_num_seqs"] * 2, 1024 if datacenter_blackwell else 512)
     own = table.support(model.architecture, model.wrapper_architecture)
@@ -115,6 +116,17 @@ def _kv_sizing(f: dict[str, Any], sizing: dict[str, Any], *, cluster: ClusterSpe
     ]
 
 
+def _allreduce_fusion_tokens(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> int:
+    """The most tokens a step may hold for its all-reduces to run fused with the RMSNorm after them (vllm.yaml's
+    `allreduce_fusion`); 0: never."""
+    rule = flag_table("vllm").allreduce_fusion
+    tp = f["tensor_parallel_size"]
+    sizes = rule["max_mib"].get(cluster.gpu.compute_capability.value, {})
+    if version < Version(rule["since"]) or f.get("enforce_eager") or tp == 1 or tp not in sizes:
+        return 0
+    return min(int(sizes[tp] * 2**20) // (model.hidden_size * 2), f["max_num_batched_tokens"])
+
+
 def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
     tp, dp, pcp = f["tensor_parallel_size"], f["data_parallel_size"], f["prefill_context_parallel_size"]
     ep = bool(f.get("enable_expert_parallel")) and model.moe is not None
@@ -140,6 +152,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         two_batch_overlap=bool(f.get("enable_dbo")),
         overlap_from_tokens=(f["dbo_decode_token_threshold"], f["dbo_prefill_token_threshold"]),
         eplb=bool(f.get("enable_eplb")),
+        allreduce_norm_fusion_tokens=f["allreduce_norm_fusion_tokens"],
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
         chunked_prefill_tokens=f["max_num_batched_tokens"],
         max_running_requests=f["max_num_seqs"],
