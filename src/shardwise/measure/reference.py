@@ -246,7 +246,7 @@ def check_row(
     )
 
 
-PEAK_CLIENTS = tuple(2**i for i in range(13))  # 1 … 4096 clients, doubling, as theorise's search goes
+PEAK_CLIENTS = tuple(2**i for i in range(13))  # 1 … 4096 clients, doubling: past its KV pool no setup predicts more
 
 
 def _at_peak(row: ReferenceRow, steps: StepTimes, memory: MemoryLedger) -> ReferenceRow:
