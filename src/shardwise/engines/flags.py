@@ -133,7 +133,9 @@ class FlagTable(Frozen):
     rocm_aiter_kv_heads: tuple[int, ...] = ()
     mla_dcp_backends: tuple[str, ...] = ()
     mla_dcp_spec_backends: tuple[str, ...] = ()
-    allreduce_fusion: dict[str, Any] = Field(default_factory=dict, description="where SGLang fuses all-reduce and norm")
+    allreduce_fusion: dict[str, Any] = Field(
+        default_factory=dict, description="where the engine fuses all-reduce and norm"
+    )
 
     def since(self, entries: tuple[dict[str, Any], ...], version: Version) -> dict[str, Any]:
         """The entry of a by-release list (each with `since`) that holds at `version`: the newest not after it."""

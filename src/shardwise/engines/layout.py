@@ -107,7 +107,7 @@ class EngineOptions(Frozen):
     allreduce_norm_fusion_tokens: int = Field(
         0,
         description="steps of up to this many tokens per rank run each all-reduce fused with the residual add and "
-        "RMSNorm after it (SGLang's FlashInfer fusion); 0 = never",
+        "RMSNorm after it (SGLang's FlashInfer fusion, vLLM's fusion pass); 0 = never",
     )
     kv_cache_dtype: str | None = Field(None, description="None = the model's dtype")
     chunked_prefill_tokens: int | None = None

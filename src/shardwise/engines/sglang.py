@@ -231,8 +231,10 @@ def _allreduce_fusion(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec,
     notes = []
     on = bool(f.get("enable_flashinfer_allreduce_fusion") or f.get("flashinfer_allreduce_fusion_backend"))
     if not on and capability in auto.get(arch, ()) and runs:
-        checked = version >= Version("0.5.9")  # from 0.5.9 the switch also asks for one node and no all-to-all
-        nodes_ok = f.get("nnodes", 1) == 1 or (version >= Version("0.5.23") and capability.startswith("10."))
+        checked = version >= Version(rule["auto_checks_since"])  # the switch also asks for one node, no all-to-all
+        nodes_ok = f.get("nnodes", 1) == 1 or (
+            version >= Version(rule["multi_node_sm100_since"]) and capability.startswith("10.")
+        )
         on = not checked or (nodes_ok and f["moe_a2a_backend"] == "none")
         if on:
             notes.append(
@@ -243,7 +245,7 @@ def _allreduce_fusion(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec,
                     source=f"sglang {version} "
                     + (
                         "arg_groups/overrides.py _flashinfer_allreduce_fusion_auto_enable"
-                        if version >= Version("0.5.23")
+                        if version >= Version(rule["multi_node_sm100_since"])
                         else "server_args.py _handle_model_specific_adjustments"
                     ),
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from packaging.version import Version
 
 from shardwise.engines.base import Context, Rejection, Rule
+from shardwise.engines.flags import flag_table
 from shardwise.engines.sglang_support import attention_dp_support, dcp_backend, deepep_link, language_model_only
 
 V0523, V0521, V0520 = Version("0.5.23"), Version("0.5.21"), Version("0.5.20")
@@ -539,16 +540,14 @@ def enough_gpus(ctx: Context) -> Rejection | None:
     )
 
 
-FUSION_CAPABILITIES = ("9.0", "10.0", "10.3")  # is_sm90 / is_sm100 (SM100 and SM103)
-
-
 def allreduce_fusion_platform(ctx: Context) -> Rejection | None:
     """0.5.23 resolves the FlashInfer all-reduce fusion backend when it sets up the fusion workspaces, before CUDA
     graph capture, wherever the fusion group has more than one GPU; off SM90 / SM100 that raises."""
     f = ctx.flags
     asked = f.get("enable_flashinfer_allreduce_fusion") or f.get("flashinfer_allreduce_fusion_backend")
     capability = ctx.cluster.gpu.compute_capability.value
-    if ctx.version < V0523 or not asked or f["tp_size"] == 1 or capability in FUSION_CAPABILITIES:
+    runs_on = flag_table("sglang").allreduce_fusion["capabilities"]  # is_sm90 / is_sm100
+    if ctx.version < V0523 or not asked or f["tp_size"] == 1 or capability in runs_on:
         return None
     return Rejection(
         rule="allreduce_fusion_platform",

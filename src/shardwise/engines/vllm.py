@@ -124,7 +124,8 @@ def _allreduce_fusion_tokens(f: dict[str, Any], model: ModelSpec, cluster: Clust
     sizes = rule["max_mib"].get(cluster.gpu.compute_capability.value, {})
     if version < Version(rule["since"]) or f.get("enforce_eager") or tp == 1 or tp not in sizes:
         return 0
-    return min(int(sizes[tp] * 2**20) // (model.hidden_size * 2), f["max_num_batched_tokens"])
+    row_bytes = model.hidden_size * 2  # one token's bf16 activations (the pass divides by the model dtype's size)
+    return min(int(sizes[tp] * 2**20) // row_bytes, f["max_num_batched_tokens"])
 
 
 def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:

@@ -9,10 +9,14 @@ from pathlib import Path
 from shardwise.errors import SpecError
 
 
+def _folder(path: Path) -> Path:
+    return path.parent if str(path.parent) else Path(".")
+
+
 def check_writable(path: Path) -> None:
     """Refuse, before any work, a path `write_text` could not write: a folder, or a file in a folder that does not
     exist or cannot be written to."""
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = _folder(path)
     if path.is_dir():
         raise SpecError(f"cannot write {path}: it is a folder; give a file path")
     if not folder.is_dir():
@@ -23,7 +27,7 @@ def check_writable(path: Path) -> None:
 
 def write_text(path: Path, text: str) -> None:
     """Write `text` to `path` atomically; a path that cannot be written is one clear error."""
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = _folder(path)
     try:
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as out:
             out.write(text)
