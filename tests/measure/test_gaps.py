@@ -2,7 +2,8 @@
 
 import pytest
 
-from shardwise.measure.gaps import beyond, explain
+from shardwise.measure.gaps import _time_without_output, beyond, explain
+from shardwise.measure.inferencex import read_points
 from shardwise.measure.reference import METRICS, check_row, group_of_row, load_rows
 from shardwise.serve.accuracy import stated_median
 
@@ -104,3 +105,15 @@ def test_a_burst_whose_first_tokens_come_late_says_how_much_slower_its_prefill_w
         measured = getattr(gt38.row, metric)
         assert abs(prefill.predicted[metric] - measured) / measured < within
     assert set(prefill.siblings) == {"GT40"} and abs(prefill.siblings["GT40"]) < 0.05
+
+
+def test_a_run_whose_own_latencies_outpace_its_throughput_says_it_held_time_without_output():
+    """InferenceX B200 TP4 EP4, 128 clients, 1k in / 1k out, 2025-12-08, no warm-up requests: medians of 651 ms
+    TTFT and 27.1 ms TPOT give 128 × 921.5 / (0.651 + 920.5 × 0.0271) ≈ 4,600 tok/s by Little's law, and it measured
+    3,527: about 1280 × 921.5 × (1/3,527 − 1/4,600) ≈ 78 s of the run passed without tokens. The same recipe on
+    2026-03-25, after warm-up requests, agrees with its latencies and names nothing of the kind."""
+    points = {r.id: r for r in read_points().rows}
+    cold, warm = (check_row(points[i]) for i in ("ixapp-dsr1-0682", "ixapp-dsr1-0139"))
+    (idle,) = [m for m in explain(cold, [cold, warm]) if m.name == "time without output"]
+    assert "about 4,6" in idle.why and "measured 3,527" in idle.why and "about 78 s" in idle.why
+    assert _time_without_output(warm) is None and _time_without_output(cold) is not None

@@ -10,25 +10,35 @@ The client (InferenceX utils/bench_serving, closed loop): `--random-range-ratio 
 output length uniformly in [int(r × L), L]; `--num-prompts` requests (10 per client) under `--max-concurrency`
 clients, all sent at once; warm-up requests run before the timed ones on the same server, so the timed run starts
 from an idle engine, as simulated. TTFT and TPOT are the client's medians.
+
+Where the client's tokenizer disagreed with the engine's (data/measurements/inferencex_client.yaml: DeepSeek-R1
+under transformers 5, before InferenceX fixed its client), the engine received about five tokens for each prompt
+token the client counted; such a row is replayed with the prompt lengths the engine received, and says so.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from shardwise.engines.flags import split_command
 from shardwise.errors import SpecError
+from shardwise.frozen import Frozen
+from shardwise.hardware.load import read_yaml, validate
 from shardwise.measure.reference import INFERENCEX, ReferenceRow
 from shardwise.spec.catalog import find_by_repo
 
 ENGINES = ("sglang", "vllm")
 COLUMNS = ("id", "model", "checkpoint", "gpu", "n_gpus", "framework", "framework_version", "spec_decoding")
 COLUMNS += ("isl", "osl", "concurrency", "num_prompts", "output_tok_s", "median_tpot_ms", "median_ttft_ms")
-COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")
+COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")  # `date` too, where a file has it
 # Environment variables a launch sets that the model reads (the rest are listed per row as not modelled).
 MODELLED_ENV = frozenset({"CUDA_VISIBLE_DEVICES"})
 # Environment that says how Python finds packages, never how fast the engine runs.
@@ -49,6 +59,47 @@ class Points:
 
 def bundled_path() -> Path:
     return Path(str(resources.files("shardwise") / "data" / "measurements" / "inferencex.csv"))
+
+
+class Received(Frozen):
+    ratio: float  # engine tokens per client token over all the prompts of a length
+    p10: float
+    p90: float
+
+
+class ClientMismatch(Frozen):
+    """When the InferenceX client's prompts reached the engine longer than it counted them, and by how much
+    (data/measurements/inferencex_client.yaml, written by scripts/inferencex_client_tokens.py)."""
+
+    name: str
+    engine: str
+    checkpoints: tuple[str, ...]
+    transformers_5_since: str  # the first engine release whose image carries transformers 5
+    fixed_from: str  # the first run date with the fixed client (ISO)
+    measured: str
+    received_per_sent: dict[int, Received]
+
+    def ratio(self, p: dict[str, str]) -> float | None:
+        """Engine tokens per client prompt token for the point `p`, where its client broke; None where it did not
+        (or the point does not say its release or date)."""
+        if p["framework"] != self.engine or p["checkpoint"] not in self.checkpoints or not p.get("date"):
+            return None
+        release = release_of(p["framework_version"])
+        try:
+            broken = release is not None and Version(release) >= Version(self.transformers_5_since)
+        except InvalidVersion:
+            return None
+        if not broken or p["date"] >= self.fixed_from:
+            return None
+        isl = int(p["isl"])
+        nearest = min(self.received_per_sent, key=lambda n: abs(math.log(n / isl)))
+        return self.received_per_sent[nearest].ratio
+
+
+@cache
+def client_mismatch() -> ClientMismatch:
+    path = Path(str(resources.files("shardwise") / "data" / "measurements" / "inferencex_client.yaml"))
+    return validate(ClientMismatch, read_yaml(path), origin=str(path))
 
 
 def release_of(image: str) -> str | None:
@@ -96,6 +147,14 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
     launch = split_command(p["command"])
     env = [f"{k}={v}" for k, v in launch.env.items() if k not in MODELLED_ENV | INERT_ENV]
     ratio = p["random_range_ratio"]
+    isl, assumed = int(p["isl"]), None
+    received = client_mismatch().ratio(p)
+    if received is not None:
+        isl = round(isl * received)
+        assumed = (
+            f"the engine received {received:.2f}x the prompt tokens the client counted, {isl} for {p['isl']}: the "
+            f"client's tokenizer broke under transformers 5 (data/measurements/inferencex_client.yaml)"
+        )
     return ReferenceRow(
         id=p["id"],
         source=f"{INFERENCEX} ({p['provenance']}), {p['launch_script']}",
@@ -103,7 +162,7 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
         gpus=f"{p['n_gpus']}x{p['gpu']}",
         command=p["command"],
         engine_version=release_of(p["framework_version"]),
-        isl=int(p["isl"]),
+        isl=isl,
         osl=int(p["osl"]),
         range_ratio=float(ratio) if ratio[:1].isdigit() else None,
         concurrency=int(p["concurrency"]),
@@ -115,4 +174,5 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
         latency="median",
         split_key=p["launch_script"].split("@")[0],
         not_modelled=tuple(env),
+        assumed=assumed,
     )
