@@ -60,6 +60,21 @@ def test_cluster_json():
     assert ar8 and all(c["method"] == "measured" for c in ar8)
 
 
+def test_the_cluster_table_has_one_row_per_implementation_with_a_time_per_size():
+    """8× B200 measures NCCL and custom all-reduce: a custom row keeps its 64 MiB cell (NCCL's time: past 8 MiB
+    the engines hand the message to NCCL) and says where its times come from, like the NCCL row beside it."""
+    result = runner.invoke(app, ["cluster", "8xb200"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines() if "│ all_reduce" in line]
+    assert [(r[0], r[1]) for r in rows] == [
+        (label, n) for n in ("2", "4", "8") for label in ("all_reduce", "all_reduce (custom)")
+    ]
+    for row in rows:
+        assert len(row) == 6 and all(c.endswith("µs") for c in row[2:5]) and row[5] == "measured", row
+    nccl8, custom8 = rows[4], rows[5]
+    assert custom8[4] == nccl8[4] and custom8[2] != nccl8[2]
+
+
 def test_tables_render():
     for args in (["models"], ["gpus"], ["cluster", "2x8xh100"]):
         result = runner.invoke(app, args)

@@ -19,7 +19,7 @@ from shardwise.engines.layout import Layout, groups, stage_layers, weight_split,
 from shardwise.hardware.collectives import Collective
 from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MoEShape
 from shardwise.memo import Memo
-from shardwise.ops.collectives import comm_steps
+from shardwise.ops.collectives import ACT_BYTES, comm_steps
 from shardwise.ops.routing import busiest_rank
 from shardwise.ops.types import Comm, Compute, Op, OpClass, Phase
 from shardwise.spec.cluster import ClusterSpec, Span
@@ -27,7 +27,6 @@ from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import Weight, model_weights
 
 GEMM_ROLES = ("attention", "linear_attention", "dense_mlp", "shared_experts", "router")
-ACT_BYTES = 2  # activations travel in BF16
 # matrices the engines run as one GEMM (their QKVParallelLinear, MergedColumnParallelLinear and, for MLA, the
 # fused q_a / kv_a down-projection), by the checkpoint module's last name
 FUSED = {

@@ -135,6 +135,8 @@ def inspect_view(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | N
 
 
 def cluster_view(cluster: ClusterSpec, costs: list[CollectiveCost], sizes: list[float]) -> Group:
+    """The cluster's GPUs and links, and a table of `costs`: one block of a cost per size for each collective, group
+    and implementation asked for, in that order."""
     gpu, intra = cluster.gpu, cluster.intra
     lines = [
         f"[bold]{cluster.name}[/bold]: {cluster.nodes} node(s) × {cluster.gpus_per_node} {gpu.display_name} "
@@ -163,12 +165,13 @@ def cluster_view(cluster: ClusterSpec, costs: list[CollectiveCost], sizes: list[
     for size in sizes:
         table.add_column(format_bytes(size, binary=True), justify="right")
     table.add_column("from")
-    by_row: dict[tuple[str, int], list[CollectiveCost]] = {}
-    for cost in costs:
-        label = cost.op.value + ("" if cost.impl == "nccl" else f" ({cost.impl})")
-        by_row.setdefault((label, cost.n_gpus), []).append(cost)
-    for (label, n), row in by_row.items():
-        table.add_row(label, str(n), *(format_time(c.time_s) for c in row), row[0].method)
+    # one row per collective, group and implementation asked for, a cost per size: a custom all-reduce hands
+    # messages past its limit to NCCL, so a row is custom where any of its sizes ran custom
+    for start in range(0, len(costs), len(sizes)):
+        row = costs[start : start + len(sizes)]
+        impl = "custom" if any(c.impl == "custom" for c in row) else row[0].impl
+        label = row[0].op.value + ("" if impl == "nccl" else f" ({impl})")
+        table.add_row(label, str(row[0].n_gpus), *(format_time(c.time_s) for c in row), row[0].method)
     return Group(Text.from_markup("\n".join(lines)), table)
 
 
