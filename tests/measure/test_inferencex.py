@@ -49,16 +49,17 @@ def test_a_point_is_replayed_as_its_client_sent_it():
 def test_runs_whose_client_tokenizer_broke_are_replayed_with_the_prompts_the_engine_received():
     """The client ran in the engine's image: SGLang 0.5.10.post1 and 0.5.11 carry transformers 5, under which it
     sent DeepSeek-R1 prompts the engine counted about five times longer, until InferenceX fixed it (runs from
-    2026-05-16). 0.5.9 (transformers 4.57.1) and the 0.5.12 runs (all after the fix) are replayed as sent."""
-    mismatch = client_mismatch()
-    ratio_1k, ratio_8k = (mismatch.received_per_sent[n].ratio for n in (1024, 8192))
+    2026-05-16). They are replayed uniform with the measured mean and spread: 8k prompts (4.602 ± 0.739 × 8192
+    tokens) as 3.322 … 5.882 × 8192 = 27,213 … 48,185. 0.5.9 (transformers 4.57.1) and the 0.5.12 runs (all after
+    the fix) are replayed as sent."""
     scaled = [r for r in POINTS.rows if r.assumed]
     assert {r.engine_version for r in scaled} == {"0.5.10.post1", "0.5.11"}
     assert len(scaled) == len([r for r in POINTS.rows if r.engine_version in ("0.5.10.post1", "0.5.11")]) == 29
     (b300,) = [r for r in POINTS.rows if r.id == "ixapp-dsr1-0424"]  # B300 TP4 EP4, 8k in, 2026-04-17
-    assert b300.isl == round(8192 * ratio_8k) and f"{ratio_8k:.2f}x" in b300.assumed
+    spec = b300.workload_spec().input
+    assert (spec.low, spec.high) == (27213, 48185) and "27213..48185" in b300.assumed
     (b200,) = [r for r in POINTS.rows if r.id == "ixapp-dsr1-1740"]  # B200 TP8, 1k in, attempt 2 on 2026-05-15
-    assert b200.isl == round(1024 * ratio_1k)
+    assert b200.workload_spec().input.mean == pytest.approx(4.597 * 1024, rel=0.01)
     assert all(r.isl in (1024, 8192) for r in POINTS.rows if r.engine_version in ("0.5.9", "0.5.12"))
 
 
@@ -71,16 +72,15 @@ def test_the_client_mismatch_applies_by_release_date_engine_and_checkpoint():
         "date": "2026-05-15",
         "isl": "2048",
     }
-    assert mismatch.ratio(point) == mismatch.received_per_sent[1024].ratio  # nearest measured length
-    assert mismatch.ratio(point | {"isl": "6000"}) == mismatch.received_per_sent[8192].ratio
-    assert mismatch.ratio(point | {"date": "2026-05-16"}) is None  # the fixed client
-    assert mismatch.ratio(point | {"framework_version": "lmsysorg/sglang:v0.5.9-cu130"}) is None  # transformers 4
-    assert mismatch.ratio(point | {"framework_version": "lmsysorg/sglang:dev-cu13"}) is None  # release unknown
-    assert mismatch.ratio(point | {"framework": "vllm"}) is None
-    assert mismatch.ratio(point | {"checkpoint": "zai-org/GLM-5-FP8"}) is None
-    assert mismatch.ratio({k: v for k, v in point.items() if k != "date"}) is None
-    for received in mismatch.received_per_sent.values():
-        assert 1 < received.p10 <= received.ratio <= received.p90
+    longest, ratio = mismatch.lengths(point)  # the nearest measured length, 1k: 4.597 ± 0.81 per token meant
+    assert (longest * (1 + ratio) / 2) / 2048 == pytest.approx(4.597, abs=0.001)
+    assert (longest * (1 - ratio) / 2) / 2048 == pytest.approx(3**0.5 * 0.81, abs=0.001)
+    assert mismatch.lengths(point | {"date": "2026-05-16"}) is None  # the fixed client
+    assert mismatch.lengths(point | {"framework_version": "lmsysorg/sglang:v0.5.9-cu130"}) is None  # transformers 4
+    assert mismatch.lengths(point | {"framework_version": "lmsysorg/sglang:dev-cu13"}) is None  # release unknown
+    assert mismatch.lengths(point | {"framework": "vllm"}) is None
+    assert mismatch.lengths(point | {"checkpoint": "zai-org/GLM-5-FP8"}) is None
+    assert mismatch.lengths({k: v for k, v in point.items() if k != "date"}) is None
 
 
 def test_release_is_read_from_the_image_tag():
@@ -118,13 +118,13 @@ STATED = {
     "all": {"output_tok_s": 0.20, "tpot_ms": 0.15, "ttft_ms": 0.59},
     "split: training": {"output_tok_s": 0.23, "tpot_ms": 0.18, "ttft_ms": 0.58},
     "split: held-out": {"output_tok_s": 0.19, "tpot_ms": 0.12, "ttft_ms": 0.60},
-    "GPU: b200": {"output_tok_s": 0.11, "tpot_ms": 0.08, "ttft_ms": 0.30},
-    "GPU: b300": {"output_tok_s": 0.07, "tpot_ms": 0.10, "ttft_ms": 0.24},
+    "GPU: b200": {"output_tok_s": 0.10, "tpot_ms": 0.08, "ttft_ms": 0.30},
+    "GPU: b300": {"output_tok_s": 0.09, "tpot_ms": 0.09, "ttft_ms": 0.28},
     "GPU: mi300x": {"output_tok_s": 0.54, "tpot_ms": 0.33, "ttft_ms": 0.70},
     "GPU: mi325x": {"output_tok_s": 0.51, "tpot_ms": 0.33, "ttft_ms": 0.61},
     "GPU: mi355x": {"output_tok_s": 0.17, "tpot_ms": 0.17, "ttft_ms": 0.64},
     "family: sglang TP": {"output_tok_s": 0.23, "tpot_ms": 0.20, "ttft_ms": 0.62},
-    "family: sglang TP EP": {"output_tok_s": 0.11, "tpot_ms": 0.08, "ttft_ms": 0.26},
+    "family: sglang TP EP": {"output_tok_s": 0.11, "tpot_ms": 0.08, "ttft_ms": 0.27},
 }
 SLACK = 0.05
 

@@ -13,7 +13,8 @@ from an idle engine, as simulated. TTFT and TPOT are the client's medians.
 
 Where the client's tokenizer disagreed with the engine's (data/measurements/inferencex_client.yaml: DeepSeek-R1
 under transformers 5, before InferenceX fixed its client), the engine received about five tokens for each prompt
-token the client counted; such a row is replayed with the prompt lengths the engine received, and says so.
+token the client counted; such a row is replayed with the prompt lengths the engine received (uniform, with their
+measured mean and spread), and says so.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
+from pydantic import field_validator
 
 from shardwise.engines.flags import split_command
 from shardwise.errors import SpecError
@@ -57,31 +59,41 @@ class Points:
     skipped: tuple[Skipped, ...]
 
 
+def _measurements(name: str) -> Path:
+    return Path(str(resources.files("shardwise") / "data" / "measurements" / name))
+
+
 def bundled_path() -> Path:
-    return Path(str(resources.files("shardwise") / "data" / "measurements" / "inferencex.csv"))
+    return _measurements("inferencex.csv")
 
 
-class Received(Frozen):
-    ratio: float  # engine tokens per client token over all the prompts of a length
-    p10: float
-    p90: float
+class Spread(Frozen):
+    mean: float  # over the prompts, in units of the client's --random-input-len
+    sd: float
 
 
 class ClientMismatch(Frozen):
-    """When the InferenceX client's prompts reached the engine longer than it counted them, and by how much
+    """When the InferenceX client's prompts reached the engine longer than it counted them, and how long
     (data/measurements/inferencex_client.yaml, written by scripts/inferencex_client_tokens.py)."""
 
     name: str
     engine: str
     checkpoints: tuple[str, ...]
     transformers_5_since: str  # the first engine release whose image carries transformers 5
-    fixed_from: str  # the first run date with the fixed client (ISO)
-    measured: str
-    received_per_sent: dict[int, Received]
+    fixed_from: str  # the first run date (ISO) with the fixed client
+    how: str  # how the lengths were measured
+    engine_tokens_per_l: dict[int, Spread]
 
-    def ratio(self, p: dict[str, str]) -> float | None:
-        """Engine tokens per client prompt token for the point `p`, where its client broke; None where it did not
-        (or the point does not say its release or date)."""
+    @field_validator("transformers_5_since")
+    @classmethod
+    def _a_release(cls, value: str) -> str:
+        Version(value)  # a bad release is the data file's error, said at load
+        return value
+
+    def lengths(self, p: dict[str, str]) -> tuple[int, float] | None:
+        """The prompt lengths the engine received for the point `p`, where its client broke, as the client's
+        random lengths are given (the longest, and the shortest's share of it): uniform with the measured mean and
+        spread. None where the client did not break (or the point does not say its release or date)."""
         if p["framework"] != self.engine or p["checkpoint"] not in self.checkpoints or not p.get("date"):
             return None
         release = release_of(p["framework_version"])
@@ -92,13 +104,15 @@ class ClientMismatch(Frozen):
         if not broken or p["date"] >= self.fixed_from:
             return None
         isl = int(p["isl"])
-        nearest = min(self.received_per_sent, key=lambda n: abs(math.log(n / isl)))
-        return self.received_per_sent[nearest].ratio
+        measured = self.engine_tokens_per_l[min(self.engine_tokens_per_l, key=lambda n: abs(math.log(n / isl)))]
+        half_width = math.sqrt(3) * measured.sd  # a uniform's half width from its standard deviation
+        longest = (measured.mean + half_width) * isl
+        return round(longest), (measured.mean - half_width) * isl / longest
 
 
 @cache
 def client_mismatch() -> ClientMismatch:
-    path = Path(str(resources.files("shardwise") / "data" / "measurements" / "inferencex_client.yaml"))
+    path = _measurements("inferencex_client.yaml")
     return validate(ClientMismatch, read_yaml(path), origin=str(path))
 
 
@@ -147,13 +161,13 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
     launch = split_command(p["command"])
     env = [f"{k}={v}" for k, v in launch.env.items() if k not in MODELLED_ENV | INERT_ENV]
     ratio = p["random_range_ratio"]
-    isl, assumed = int(p["isl"]), None
-    received = client_mismatch().ratio(p)
+    isl, range_ratio, assumed = int(p["isl"]), float(ratio) if ratio[:1].isdigit() else None, None
+    received = client_mismatch().lengths(p)
     if received is not None:
-        isl = round(isl * received)
+        isl, range_ratio = received
         assumed = (
-            f"the engine received {received:.2f}x the prompt tokens the client counted, {isl} for {p['isl']}: the "
-            f"client's tokenizer broke under transformers 5 (data/measurements/inferencex_client.yaml)"
+            f"the engine received prompts of {int(isl * range_ratio)}..{isl} tokens where the client counted "
+            f"{p['isl']} at most: its tokenizer broke under transformers 5 (data/measurements/inferencex_client.yaml)"
         )
     return ReferenceRow(
         id=p["id"],
@@ -164,7 +178,7 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
         engine_version=release_of(p["framework_version"]),
         isl=isl,
         osl=int(p["osl"]),
-        range_ratio=float(ratio) if ratio[:1].isdigit() else None,
+        range_ratio=range_ratio,
         concurrency=int(p["concurrency"]),
         num_prompts=int(p["num_prompts"]) if p["num_prompts"] else 10 * int(p["concurrency"]),
         request_rate=float("inf"),
