@@ -8,8 +8,8 @@ import pytest
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
-from shardwise.hardware.calibration import Calibration
-from shardwise.measure.calibrate import calibrate
+from shardwise.hardware.calibration import CONSTANTS, Calibration
+from shardwise.measure.calibrate import calibrate, defaults
 from shardwise.measure.reference import ReferenceRow, load_rows
 from shardwise.serve.steady import Predictor
 from shardwise.serve.steps import StepTimes
@@ -19,8 +19,9 @@ SGLANG = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-In
 SETUPS = ["--tp 1", "--tp 2", "--tp 4", "--tp 2 --pp-size 2"]
 
 
-def synthetic(truth: dict[str, float], concurrency: int = 1) -> list[ReferenceRow]:
-    """Measurements made by the model itself with known constants: the oracle a fit must recover."""
+def synthetic(truth: dict[str, float], concurrency: int = 1, *, ttft: bool = False) -> list[ReferenceRow]:
+    """Measurements made by the model itself with known constants: the oracle a fit must recover (output tok/s,
+    and with `ttft` the time to first token too)."""
     rows = []
     for n, flags in enumerate(SETUPS):
         cluster = load_cluster("4xh100")
@@ -32,7 +33,7 @@ def synthetic(truth: dict[str, float], concurrency: int = 1) -> list[ReferenceRo
         (p,) = Predictor(steps, memory).sweep([concurrency], isl=512, osl=256)
         rows.append(ReferenceRow(id=f"run{n}", source="synthetic", model="llama-3.1-8b", gpus="4xh100",
                                  command=SGLANG + flags, isl=512, osl=256, concurrency=concurrency,
-                                 output_tok_s=p.output_tok_s))  # fmt: skip
+                                 output_tok_s=p.output_tok_s, ttft_ms=p.ttft_s * 1e3 if ttft else None))  # fmt: skip
     return rows
 
 
@@ -44,6 +45,20 @@ def test_recovers_a_known_launch_cost():
     assert report.fitted_error_after < 0.01 < report.fitted_error_before
     assert cal.held_out_error_after < 0.01 < cal.held_out_error_before  # the held-out run is now right too
     assert cal.at_bounds == ()
+
+
+def test_recovers_the_host_time_before_the_first_token():
+    """A late first token at one client: the fit reads TTFT beside throughput, and the held-out run is right too."""
+    rows = synthetic({"first_token_host_s": 0.08}, ttft=True)
+    report = calibrate(rows, names=["first_token_host_s"], held_out=["run3"])
+    cal = report.calibration
+    assert cal.constants["first_token_host_s"] == pytest.approx(0.08, rel=0.02)
+    assert cal.held_out_error_after < 0.01 < cal.held_out_error_before
+
+
+def test_every_constant_starts_from_its_default():
+    """calibrate starts each fit from the data files' value: every constant a profile may set has one."""
+    assert set(defaults(load_cluster("4xh100"))) == set(CONSTANTS)
 
 
 def test_refuses_what_the_measurements_cannot_determine():

@@ -10,6 +10,7 @@ from shardwise.cost.book import PriceBook
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
+from shardwise.hardware.calibration import Calibration
 from shardwise.serve.requests import draw
 from shardwise.serve.simulate import Simulation, Stats, _Run, simulate
 from shardwise.serve.steady import Predictor
@@ -66,6 +67,26 @@ def test_one_client_by_hand(kimi):
     assert result.ttft_s.mean == pytest.approx(prefill, rel=1e-6)
     assert result.e2e_s.mean == pytest.approx(prefill + cycles, rel=2e-3)
     assert result.tpot_s.mean == pytest.approx(cycles / 255, rel=2e-3)
+
+
+def test_host_time_before_the_first_token_by_hand(kimi):
+    """A calibrated first_token_host_s delays each request's arrival at the scheduler: at one client its TTFT and
+    end-to-end time grow by exactly that much and its TPOT not at all; the closed form agrees, its throughput the
+    client's, osl tokens per request time."""
+    steps, memory, _ = kimi
+    host = 0.1
+    calibrated = steps.target.cluster.calibrated(
+        Calibration(gpu=steps.target.cluster.gpu.name, constants={"first_token_host_s": host}, fitted_on=())
+    )
+    checked = check_command(KIMI_EP8, cluster=calibrated)
+    slow = StepTimes(checked.model, checked.setup.layout, calibrated)
+    before, after = (simulate(s, memory, closed(1, 3, isl=512, osl=256)) for s in (steps, slow))
+    assert after.ttft_s.mean == pytest.approx(before.ttft_s.mean + host, rel=1e-9)
+    assert after.e2e_s.mean == pytest.approx(before.e2e_s.mean + host, rel=1e-9)
+    assert after.tpot_s.mean == pytest.approx(before.tpot_s.mean, rel=1e-9)
+    p = Predictor(slow, memory).predict(concurrency=1, isl=512, osl=256)
+    assert p.ttft_s == pytest.approx(after.ttft_s.mean, rel=0.01)
+    assert p.output_tok_s == pytest.approx(256 / after.e2e_s.mean, rel=0.01)
 
 
 def test_decode_only_runs_no_prefill_by_hand(kimi):

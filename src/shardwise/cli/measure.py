@@ -180,8 +180,12 @@ def validate(
     summary = summarise(checked) if measured == "publications" and not files else headline(checked)
     ranks = rank_agreement(checked)
     # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX
-    # points are summarised by group instead
-    gaps = {c.row.id: explain(c, checked) for c in checked if not from_inferencex(c.row)}
+    # points (hundreds) are summarised by group, each with what its measurement itself says where it says anything
+    gaps = {}
+    for c in checked:
+        found = explain(c, checked, priced=not from_inferencex(c.row))
+        if found or not from_inferencex(c.row):
+            gaps[c.row.id] = found
     parts = report_validation.Validation(checked, summary, breakdown(checked), ranks, gaps, skipped)
     if json:
         typer.echo(report_json.dumps(report_validation.validation_payload(parts)))

@@ -12,6 +12,9 @@ The constants a profile may set, each a quantity the cost model already uses:
   them when it does not;
 - collective_call_s: time one collective call costs beyond its measured nccl-tests time (default 0 s: the
   tables already hold what nccl-tests sees; engines call collectives from Python, eagerly, each step);
+- first_token_host_s: host time a request spends outside the engine's steps before its first token reaches the
+  client (HTTP, tokenising, the hops between the server's processes); no measured default (0): it delays the
+  request's arrival at the scheduler, so it adds to TTFT and to each client's time per request, not to TPOT;
 - non_torch_bytes: GPU memory a server holds besides weights, KV cache, activations and CUDA graphs (the CUDA
   context, library workspaces, communication buffers; runtime.yaml), fitted to a start-up log.
 """
@@ -78,6 +81,13 @@ CONSTANTS = {
             "a start-up log: shardwise calibrate --log FILE",
             2**28,
             2**34,
+        ),
+        Constant(
+            "first_token_host_s",
+            "host time a request spends outside the engine's steps before its first token reaches the client",
+            "time to first token at one client over a few prompt lengths",
+            0.0,
+            0.5,
         ),
         Constant(
             "collective_call_s",

@@ -56,6 +56,8 @@ def defaults(cluster: ClusterSpec) -> dict[str, float]:
         "eager_kernel_cpu_s": oh.eager_kernel_cpu.si("s"),
         "kernel_gpu_s": oh.kernel_gpu.si("s"),
         "scheduler_step_cpu_s": oh.scheduler_step_cpu.si("s"),
+        "request_cpu_s": 0.0,
+        "first_token_host_s": 0.0,
         "collective_call_s": 0.0,
         "non_torch_bytes": runtime().non_torch_multi_gpu.si("bytes"),
     }
@@ -89,6 +91,8 @@ def _log_errors(prepared: list[_Prepared], constants: dict[str, float], gpu: str
             errors.append(math.log(pred.output_tok_s / p.row.output_tok_s))
         if p.row.tpot_ms:
             errors.append(math.log(pred.tpot_s * 1e3 / p.row.tpot_ms))
+        if p.row.ttft_ms:
+            errors.append(math.log(pred.ttft_s * 1e3 / p.row.ttft_ms))
     return np.asarray(errors)
 
 

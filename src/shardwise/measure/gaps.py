@@ -24,6 +24,8 @@ from shardwise.spec.cluster import ClusterSpec, with_intra_node
 LARGE_BATCH = 256  # running requests per rank from which per-request host work is a step's visible share
 REQUEST_HOST_S = (50e-6, 100e-6, 200e-6, 400e-6)  # per-request host times tried, doubling
 PREFILL_SCALES = (1.5, 2.0, 3.0, 4.0)  # prefill steps this many times their priced time, tried in turn
+FIRST_TOKEN_HOST_S = (0.025, 0.05, 0.1, 0.2, 0.4)  # host times before the scheduler sees a request, doubling
+FEW_CLIENTS = 8  # closed loops of up to this many clients: a first token waits on few other requests
 DECODE_METRICS = ("output_tok_s", "tpot_ms")
 # share of a closed-loop run's duration its own latencies leave unaccounted for, from which the run is said to hold
 # time without output: from their medians (which understate the mean latency), InferenceX runs after warm-up
@@ -48,12 +50,17 @@ def beyond(c: Checked) -> list[str]:
     return [m for m in METRICS if beyond_stated(c.error(m), m, speculative=spec)]
 
 
-def explain(c: Checked, others: list[Checked]) -> list[Mechanism]:
+def explain(c: Checked, others: list[Checked], *, priced: bool = True) -> list[Mechanism]:
     """The mechanisms that could put this row's measurement where it is (none when within the stated accuracy).
-    `others` are every row validated with it: those of the same machine and source check a priced mechanism."""
+    `others` are every row validated with it: those of the same machine and source check a priced mechanism.
+    `priced=False` names only what the measurement itself says (what its source left open, time it spent without
+    output): what a set of hundreds of rows, summarised by group, can afford."""
     metrics = beyond(c)
     if not metrics or c.simulated is None:
         return []
+    said = [_assumed(c), _time_without_output(c)]
+    if not priced:
+        return [m for m in said if m is not None]
     siblings = [
         o
         for o in others
@@ -68,9 +75,9 @@ def explain(c: Checked, others: list[Checked]) -> list[Mechanism]:
         _roofline_only(c, metrics),
         _host_per_request(c, metrics, siblings),
         _prefill_under_load(c, metrics, siblings),
+        _first_token_host(c, metrics, siblings),
         _preemption(c),
-        _assumed(c),
-        _time_without_output(c),
+        *said,
     ]
     return [m for m in found if m is not None]
 
@@ -269,6 +276,38 @@ def _prefill_under_load(c: Checked, metrics: list[str], siblings: list[Checked])
         siblings={
             s.row.id: check_row(s.row, cluster=s.cluster, prefill_scale=scale).error("output_tok_s") for s in siblings
         },
+    )
+
+
+def _first_token_host(c: Checked, metrics: list[str], siblings: list[Checked]) -> Mechanism | None:
+    """Host time before the scheduler sees a request (HTTP, tokenising, the hops between the server's processes)
+    delays every first token by the same amount at any load. The model has no measured figure for it (0 unless a
+    calibration sets first_token_host_s); priced here as the time, on a doubling grid, that brings the row closest
+    on every metric it measured. Read only at a few clients, where a request waits on few others: under a burst or
+    a full batch, queueing and prefill would hide in the same figure."""
+    cluster, clients = c.cluster, c.row.concurrency
+    if cluster is None or clients is None or clients > FEW_CLIENTS or c.row.request_rate not in (None, float("inf")):
+        return None
+    if "ttft_ms" not in metrics or not _slower(c, "ttft_ms"):
+        return None
+    best = _closest(
+        c,
+        METRICS,
+        metrics,
+        FIRST_TOKEN_HOST_S,
+        lambda v: check_row(c.row, cluster=_with(cluster, first_token_host_s=v)),
+    )
+    if best is None:
+        return None
+    worst, value, variant = best
+    return Mechanism(
+        name="host time before the first token",
+        why=f"about {value * 1e3:.0f} ms per request between its send and the scheduler seeing it brings the row "
+        f"closest on every metric it measured (worst error {worst:.0%}); that time (HTTP, tokenising, the hops "
+        "between the server's processes) is not priced, differs between machines running the same image, and a "
+        "calibration can fit it from your own runs (first_token_host_s)",
+        predicted=_metrics(variant),
+        siblings=_sibling_errors(siblings, _with(cluster, first_token_host_s=value)),
     )
 
 

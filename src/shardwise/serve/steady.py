@@ -134,13 +134,16 @@ class Predictor:
             steady = self._steady[key] = self._running(running, isl, osl, queued=queued, decode_only=decode_only)
         e2e = concurrency * osl / steady.output_tok_s
         ttft = max(steady.least_ttft_s, e2e - (osl - 1) * steady.tpot_s)
+        # host time before the scheduler sees a request: each client's request takes that much longer, the engine's
+        # batch taken as it is without it (exact at one client)
+        host = self.steps.first_token_host_s
         return Prediction(
             concurrency=concurrency,
             running=running,
-            output_tok_s=steady.output_tok_s,
+            output_tok_s=steady.output_tok_s * (e2e / (e2e + host)),
             per_user_tok_s=1.0 / steady.tpot_s,
             tpot_s=steady.tpot_s,
-            ttft_s=ttft,
+            ttft_s=ttft + host,
             bound="kv_capacity" if queued else steady.bound,
             decode=self.steps.decode(running, isl + osl // 2).step if with_step else None,
             cycle_s=steady.cycle_s,

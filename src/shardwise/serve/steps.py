@@ -59,6 +59,8 @@ class StepTimes:
         """`book`: the price book of the search or check (default one of its own)."""
         self.layout = layout
         self.prefill_scale = prefill_scale  # a what-if: every prefill step takes this multiple of its priced time
+        # host time before a request reaches the scheduler: no measured default, a calibration may set it
+        self.first_token_host_s = cluster.calibration.value("first_token_host_s", 0.0) if cluster.calibration else 0.0
         book = book or PriceBook()
         self.target = StepCostModel.of(model, layout, cluster, tables=tables, book=book)
         self.plan: SpecPlan | None = None
