@@ -56,6 +56,12 @@ def test_recovers_the_host_time_before_the_first_token():
     assert cal.held_out_error_after < 0.01 < cal.held_out_error_before
 
 
+def test_the_host_time_needs_a_first_token_at_one_client():
+    """Throughput moves with the host time too, but cannot tell it from the engine's own time."""
+    with pytest.raises(SpecError, match="cannot determine first_token_host_s.*time to first token at one client"):
+        calibrate(synthetic({}), names=["first_token_host_s"])
+
+
 def test_every_constant_starts_from_its_default():
     """calibrate starts each fit from the data files' value: every constant a profile may set has one."""
     assert set(defaults(load_cluster("4xh100"))) == set(CONSTANTS)

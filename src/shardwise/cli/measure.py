@@ -180,7 +180,7 @@ def validate(
     summary = summarise(checked) if measured == "publications" and not files else headline(checked)
     ranks = rank_agreement(checked)
     # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX
-    # points (hundreds) are summarised by group, each with what its measurement itself says where it says anything
+    # points (hundreds) are not priced again: each names only what its measurement itself says, where it says anything
     gaps = {}
     for c in checked:
         found = explain(c, checked, priced=not from_inferencex(c.row))

@@ -14,7 +14,8 @@ The constants a profile may set, each a quantity the cost model already uses:
   tables already hold what nccl-tests sees; engines call collectives from Python, eagerly, each step);
 - first_token_host_s: host time a request spends outside the engine's steps before its first token reaches the
   client (HTTP, tokenising, the hops between the server's processes); no measured default (0): it delays the
-  request's arrival at the scheduler, so it adds to TTFT and to each client's time per request, not to TPOT;
+  request's arrival at the scheduler, so where nothing queues it adds to TTFT and to each client's time per
+  request, never to TPOT;
 - non_torch_bytes: GPU memory a server holds besides weights, KV cache, activations and CUDA graphs (the CUDA
   context, library workspaces, communication buffers; runtime.yaml), fitted to a start-up log.
 """

@@ -1,7 +1,8 @@
 """Fit named physical constants of the cost model to one machine's measurements.
 
 The fit minimises the squared log error of predicted against measured output tok/s (and TPOT where
-measured) over the measurements it may use, within each constant's plausible range (scipy's bounded least
+measured, and TTFT at one client, where the closed form prices a first token exactly) over the measurements it may
+use, within each constant's plausible range (scipy's bounded least
 squares). It refuses a fit the data cannot determine: fewer measurements than constants, or a constant
 that moves no prediction (its column of the Jacobian is zero), and says what measurement would determine it.
 Measurements held out are predicted before and after, so the profile reports what calibration bought.
@@ -91,7 +92,7 @@ def _log_errors(prepared: list[_Prepared], constants: dict[str, float], gpu: str
             errors.append(math.log(pred.output_tok_s / p.row.output_tok_s))
         if p.row.tpot_ms:
             errors.append(math.log(pred.tpot_s * 1e3 / p.row.tpot_ms))
-        if p.row.ttft_ms:
+        if p.row.ttft_ms and p.row.concurrency == 1:
             errors.append(math.log(pred.ttft_s * 1e3 / p.row.ttft_ms))
     return np.asarray(errors)
 
@@ -167,7 +168,12 @@ def _fit(fit: list[_Prepared], names: Sequence[str], start: dict[str, float], gp
 
 
 def _check_moves(fit: list[_Prepared], names: Sequence[str], start: dict[str, float], gpu: str) -> None:
-    """Refuse constants that move no prediction of the fitted measurements over their plausible range."""
+    """Refuse constants that move no prediction of the fitted measurements over their plausible range, and the host
+    time before a first token without a first token measured at one client (throughput alone moves with it too,
+    but cannot tell it from the engine's own time)."""
+    if "first_token_host_s" in names and not any(p.row.ttft_ms and p.row.concurrency == 1 for p in fit):
+        c = CONSTANTS["first_token_host_s"]
+        raise SpecError(f"the measurements cannot determine first_token_host_s ({c.meaning}); add {c.determined_by}")
     base = _log_errors(fit, start, gpu)
     for name in names:
         c = CONSTANTS[name]

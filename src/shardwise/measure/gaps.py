@@ -285,8 +285,10 @@ def _first_token_host(c: Checked, metrics: list[str], siblings: list[Checked]) -
     calibration sets first_token_host_s); priced here as the time, on a doubling grid, that brings the row closest
     on every metric it measured. Read only at a few clients, where a request waits on few others: under a burst or
     a full batch, queueing and prefill would hide in the same figure."""
-    cluster, clients = c.cluster, c.row.concurrency
-    if cluster is None or clients is None or clients > FEW_CLIENTS or c.row.request_rate not in (None, float("inf")):
+    cluster, row = c.cluster, c.row
+    if cluster is None or row.benchmark != "serving" or row.concurrency is None or row.concurrency > FEW_CLIENTS:
+        return None
+    if row.request_rate not in (None, float("inf")):  # an open loop: arrivals, not clients, set the wait
         return None
     if "ttft_ms" not in metrics or not _slower(c, "ttft_ms"):
         return None

@@ -106,7 +106,7 @@ class Simulation:
         self.poll = self.policy.poll_decode_steps
         self.tau = steps.tokens
         self.verify = steps.plan.verify_tokens if steps.plan else 1
-        self.host_s = steps.first_token_host_s  # from a client's send to the scheduler seeing the request
+        self.first_token_host_s = steps.first_token_host_s  # from a client's send to the scheduler seeing it
 
     def run(self, workload: WorkloadSpec, *, progress: Callable[[int], None] | None = None) -> ServeResult:
         if self.memory.verdict != "ok":
@@ -179,7 +179,7 @@ class _Run:
         if self.next_send < len(self.isl):
             i = self.next_send
             self.next_send += 1
-            heapq.heappush(self.sends, (max(now, float(self.send[i])) + self.sim.host_s, i))
+            heapq.heappush(self.sends, (max(now, float(self.send[i])) + self.sim.first_token_host_s, i))
 
     def _deliver(self) -> None:
         """Queue the requests sent by the scheduler's last read: now, or where it reads only every `poll` decode
@@ -192,7 +192,9 @@ class _Run:
             self.unread %= self.sim.poll
         while self.sends and self.sends[0][0] <= seen_until + 1e-12:
             when, i = heapq.heappop(self.sends)
-            self.arrive[i] = when - self.sim.host_s  # when the client sent it: what its latencies count from
+            self.arrive[i] = (
+                when - self.sim.first_token_host_s
+            )  # when the client sent it: what its latencies count from
             self.ranks[self.rr % len(self.ranks)].waiting.append(i)
             self.rr += 1
 

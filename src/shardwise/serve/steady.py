@@ -26,6 +26,10 @@ output_tok_s = running / decode_cycle and TPOT = decode_cycle.
 With speculative decoding a decode cycle yields the mean accepted length τ per request, and the cycle
 time per token is the cycle ÷ τ.
 
+A calibrated host time h before the scheduler sees a request (first_token_host_s) adds to TTFT and e2e, and each
+client's throughput is osl / (e2e + h), the engine's batch taken as it is; under a queue at least as long as the
+requests in that host flight, h hides in the wait.
+
 Cycle times (pipeline micro-batches, drafting) come from serve/steps. The simulation (serve/simulate)
 refines all of this with arrivals, queueing, admission and chunk scheduling.
 """
@@ -102,7 +106,7 @@ class Predictor:
         out = []
         for c in concurrencies:
             # a prediction follows from the step times, the load, the requests running and whether others queue
-            key = (c, isl, osl, min(c, cap), c > cap, ranks)
+            key = (c, isl, osl, min(c, cap), c > cap, ranks, self.steps.first_token_host_s)
             p = self._shared.get(key)
             if p is None:
                 p = self._shared[key] = self._predict(c, cap, isl, osl, decode_only=False, with_step=False)
@@ -135,8 +139,11 @@ class Predictor:
         e2e = concurrency * osl / steady.output_tok_s
         ttft = max(steady.least_ttft_s, e2e - (osl - 1) * steady.tpot_s)
         # host time before the scheduler sees a request: each client's request takes that much longer, the engine's
-        # batch taken as it is without it (exact at one client)
+        # batch taken as it is without it (exact at one client); under a queue at least as long as the requests in
+        # that host flight, the time hides in the wait and the engine stays as full
         host = self.steps.first_token_host_s
+        if queued and concurrency - cap >= steady.output_tok_s / osl * host:
+            host = 0.0
         return Prediction(
             concurrency=concurrency,
             running=running,

@@ -7,6 +7,8 @@
   trip through every stage and the time the busiest stage needs for all of them. With speculative decoding a
   cycle is the drafter's forwards plus the target's verify of every drafted token.
 - `prefill(requests, new_tokens, context)`: one prefill step.
+It also carries the machine's calibrated host time before a request reaches the scheduler (`first_token_host_s`),
+which the serving models add before each request's first step.
 Exact answers are cached by their arguments. The simulation asks for thousands of shapes, so `decode_s` and
 `prefill_s` interpolate linearly between exact answers on a grid (every batch up to 64, then 16 per
 doubling; contexts every 256 tokens): step time is close to linear in context and smooth in batch size.
