@@ -84,6 +84,8 @@ def test_host_time_before_the_first_token_by_hand(kimi):
     assert after.ttft_s.mean == pytest.approx(before.ttft_s.mean + host, rel=1e-9)
     assert after.e2e_s.mean == pytest.approx(before.e2e_s.mean + host, rel=1e-9)
     assert after.tpot_s.mean == pytest.approx(before.tpot_s.mean, rel=1e-9)
+    in_process = simulate(slow, memory, closed(1, 3, isl=512, osl=256).model_copy(update={"offline": True}))
+    assert in_process.ttft_s.mean == pytest.approx(before.ttft_s.mean, rel=1e-9)  # bench_one_batch: no front end
     p = Predictor(slow, memory).predict(concurrency=1, isl=512, osl=256)
     assert p.ttft_s == pytest.approx(after.ttft_s.mean, rel=0.01)
     assert p.output_tok_s == pytest.approx(256 / after.e2e_s.mean, rel=0.01)

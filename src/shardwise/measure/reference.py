@@ -130,6 +130,7 @@ class ReferenceRow(Frozen):
             num_requests=n,
             concurrency=clients,
             request_rate=rate,
+            offline=self.benchmark == "one_batch",
         )
 
     def load_text(self) -> str:

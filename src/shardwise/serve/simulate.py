@@ -115,7 +115,7 @@ class Simulation:
         share = requests if self.replicas == 1 else _every(requests, self.replicas)
         clients = None if workload.concurrency is None else max(1, math.ceil(workload.concurrency / self.replicas))
         self._check_fits(share)
-        run = _Run(self, share, clients, progress, decode_only=workload.decode_only)
+        run = _Run(self, share, clients, progress, decode_only=workload.decode_only, offline=workload.offline)
         run.loop()
         return run.result(workload, self.replicas)
 
@@ -144,8 +144,11 @@ class _Run:
         progress: Callable[[int], None] | None,
         *,
         decode_only: bool = False,
+        offline: bool = False,
     ):
         self.sim, self.progress, self.decode_only = sim, progress, decode_only
+        # from a client's send to the scheduler seeing it; an in-process batch has no front end to cross
+        self.first_token_host_s = 0.0 if offline else sim.first_token_host_s
         n = len(reqs)
         self.isl, self.osl = reqs.input_tokens, reqs.output_tokens.astype(float)
         self.send = reqs.send_s
@@ -179,7 +182,7 @@ class _Run:
         if self.next_send < len(self.isl):
             i = self.next_send
             self.next_send += 1
-            heapq.heappush(self.sends, (max(now, float(self.send[i])) + self.sim.first_token_host_s, i))
+            heapq.heappush(self.sends, (max(now, float(self.send[i])) + self.first_token_host_s, i))
 
     def _deliver(self) -> None:
         """Queue the requests sent by the scheduler's last read: now, or where it reads only every `poll` decode
@@ -192,9 +195,7 @@ class _Run:
             self.unread %= self.sim.poll
         while self.sends and self.sends[0][0] <= seen_until + 1e-12:
             when, i = heapq.heappop(self.sends)
-            self.arrive[i] = (
-                when - self.sim.first_token_host_s
-            )  # when the client sent it: what its latencies count from
+            self.arrive[i] = when - self.first_token_host_s  # when the client sent it: what its latencies count from
             self.ranks[self.rr % len(self.ranks)].waiting.append(i)
             self.rr += 1
 

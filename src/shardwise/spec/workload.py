@@ -75,6 +75,9 @@ class WorkloadSpec(Frozen):
     decode_only: bool = Field(
         False, description="every prompt is already in the KV cache (a decode benchmark): no prefill is run or timed"
     )
+    offline: bool = Field(
+        False, description="handed to the engine in-process (bench_one_batch): no server front end before the scheduler"
+    )
 
     @property
     def mean_lengths(self) -> tuple[float, float]:
