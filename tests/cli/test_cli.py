@@ -93,6 +93,7 @@ def shardwise(*args: str) -> subprocess.CompletedProcess:
         (["gpus", "h1000"], "unknown GPU"),
         (["cluster", "8xwarp-drive"], "unknown GPU"),
         (["cluster", "eight h100s"], "cannot read cluster"),
+        (["calibrate", "--constants", "request_cpu_s", "--output", "/no/such/folder/p.yaml"], "no folder /no/such"),
         (["cluster", "--sizes", "big"], "cannot read"),
         # refused before the minutes of predictions the record would hold
         (["validate", "--set", "all", "--record", "/no/such/folder/validated.csv"], "no folder /no/such/folder"),

@@ -229,7 +229,9 @@ def calibrate(
     from shardwise.measure.importers import read_results
     from shardwise.measure.reference import load_rows, rows_from_results
     from shardwise.report import validation as report_validation
+    from shardwise.report.files import check_writable
 
+    check_writable(output)  # before the fit
     if log is not None:
         _calibrate_memory(log, command=command, gpus=gpus, output=output, json=json)
         return

@@ -1,11 +1,11 @@
 """Fit named physical constants of the cost model to one machine's measurements.
 
 The fit minimises the squared log error of predicted against measured output tok/s (and TPOT where
-measured, and TTFT at one client, where the closed form prices a first token exactly) over the measurements it may
-use, within each constant's plausible range (scipy's bounded least
-squares). It refuses a fit the data cannot determine: fewer measurements than constants, or a constant
-that moves no prediction (its column of the Jacobian is zero), and says what measurement would determine it.
-Measurements held out are predicted before and after, so the profile reports what calibration bought.
+measured, and TTFT at one client, where the closed form prices a first token exactly) over the measurements it
+may use, within each constant's plausible range (scipy's bounded least squares). It refuses a fit the data
+cannot determine: fewer measurements than constants, or a constant that moves no prediction (its column of the
+Jacobian is zero), and says what measurement would determine it. Measurements held out are predicted before
+and after, so the profile reports what calibration bought.
 """
 
 from __future__ import annotations

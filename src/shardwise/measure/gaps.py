@@ -238,9 +238,7 @@ def _host_per_request(c: Checked, metrics: list[str], siblings: list[Checked]) -
         return Mechanism(name="host work per request", why=why)
     # fitted to the decode metrics the row measured: host time per decode step delays first tokens only by the
     # decode steps a queued request waits out
-    best = _closest(
-        c, DECODE_METRICS, metrics, REQUEST_HOST_S, lambda v: check_row(c.row, cluster=_with(cluster, request_cpu_s=v))
-    )
+    best = _closest_constant(c, cluster, "request_cpu_s", REQUEST_HOST_S, DECODE_METRICS, metrics)
     if best is None:
         return Mechanism(name="host work per request", why=why)
     _, value, variant = best
@@ -292,13 +290,7 @@ def _first_token_host(c: Checked, metrics: list[str], siblings: list[Checked]) -
         return None
     if "ttft_ms" not in metrics or not _slower(c, "ttft_ms"):
         return None
-    best = _closest(
-        c,
-        METRICS,
-        metrics,
-        FIRST_TOKEN_HOST_S,
-        lambda v: check_row(c.row, cluster=_with(cluster, first_token_host_s=v)),
-    )
+    best = _closest_constant(c, cluster, "first_token_host_s", FIRST_TOKEN_HOST_S, METRICS, metrics)
     if best is None:
         return None
     worst, value, variant = best
@@ -311,6 +303,18 @@ def _first_token_host(c: Checked, metrics: list[str], siblings: list[Checked]) -
         predicted=_metrics(variant),
         siblings=_sibling_errors(siblings, _with(cluster, first_token_host_s=value)),
     )
+
+
+def _closest_constant(
+    c: Checked,
+    cluster: ClusterSpec,
+    name: str,
+    values: tuple[float, ...],
+    fitted: tuple[str, ...],
+    beyond_metrics: list[str],
+) -> tuple[float, float, Checked] | None:
+    """`_closest` over the values of one calibration constant `name`, the rest of the cluster as it is."""
+    return _closest(c, fitted, beyond_metrics, values, lambda v: check_row(c.row, cluster=_with(cluster, **{name: v})))
 
 
 def _closest(

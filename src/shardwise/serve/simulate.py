@@ -106,7 +106,6 @@ class Simulation:
         self.poll = self.policy.poll_decode_steps
         self.tau = steps.tokens
         self.verify = steps.plan.verify_tokens if steps.plan else 1
-        self.first_token_host_s = steps.first_token_host_s  # from a client's send to the scheduler seeing it
 
     def run(self, workload: WorkloadSpec, *, progress: Callable[[int], None] | None = None) -> ServeResult:
         if self.memory.verdict != "ok":
@@ -148,7 +147,7 @@ class _Run:
     ):
         self.sim, self.progress, self.decode_only = sim, progress, decode_only
         # from a client's send to the scheduler seeing it; an in-process batch has no front end to cross
-        self.first_token_host_s = 0.0 if offline else sim.first_token_host_s
+        self.first_token_host_s = 0.0 if offline else sim.steps.first_token_host_s
         n = len(reqs)
         self.isl, self.osl = reqs.input_tokens, reqs.output_tokens.astype(float)
         self.send = reqs.send_s
