@@ -44,35 +44,47 @@ def closed(c: int, n: int, isl: int = 1024, osl: int = 1024) -> WorkloadSpec:
     return WorkloadSpec(input=Lengths.fixed(isl), output=Lengths.fixed(osl), num_requests=n, concurrency=c)
 
 
+def _each(steps: StepTimes, memory, workload: WorkloadSpec) -> _Run:
+    """A finished run, for each request's own times."""
+    run = _Run(Simulation(steps, memory), draw(workload), workload.concurrency, None,
+               decode_only=workload.decode_only, offline=workload.offline)  # fmt: skip
+    run.loop()
+    return run
+
+
 @pytest.mark.parametrize("which", ["kimi", "llama"])
 def test_one_client_agrees_with_the_analytic_model(which, kimi):
     """At one request nothing queues and nothing batches: each request is one prefill, then osl − 1 decode
-    cycles. The simulation and the closed form must give the same figures."""
+    cycles. The simulation and the closed form must give the same figures; TTFT the steady state's, which the
+    median is (the first request does not wait for the step its predecessor leaves running)."""
     steps, memory, predictor = kimi if which == "kimi" else _setup(LLAMA_VLLM, "1xh100")
     result = simulate(steps, memory, closed(1, 20))
     p = predictor.predict(concurrency=1, isl=1024, osl=1024)
     assert result.output_tok_s == pytest.approx(p.output_tok_s, rel=0.01)
     assert result.tpot_s.mean == pytest.approx(p.tpot_s, rel=0.01)
-    assert result.ttft_s.mean == pytest.approx(p.ttft_s, rel=0.01)
+    assert result.ttft_s.p50 == pytest.approx(p.ttft_s, rel=0.01)
     assert result.retractions == 0 and result.peak_running == 1
 
 
 def test_one_client_by_hand(kimi):
     """e2e = prefill + (osl − 1) cycles, with the cycle at each step's own context (linear in context, so
-    the mean over the steps is the cycle at the mean context)."""
+    the mean over the steps is the cycle at the mean context). The overlap schedule formed one more step of the
+    last request before it handed out its last token: that step runs, and the next request waits for it."""
     steps, memory, _ = kimi
-    result = simulate(steps, memory, closed(1, 3, isl=512, osl=256))
+    assert steps.layout.options.overlap_schedule
+    run = _each(steps, memory, closed(1, 3, isl=512, osl=256))
     prefill = steps.prefill_s(1, 512, 0)
     cycles = sum(steps.decode_s(1, 513 + k) for k in range(255))
-    assert result.ttft_s.mean == pytest.approx(prefill, rel=1e-6)
-    assert result.e2e_s.mean == pytest.approx(prefill + cycles, rel=2e-3)
-    assert result.tpot_s.mean == pytest.approx(cycles / 255, rel=2e-3)
+    left_running = steps.decode_s(1, 513 + 127)  # the last step of the span, priced at the span's mean context
+    ttft, e2e = run.first - run.arrive, run.finish - run.arrive
+    assert ttft == pytest.approx([prefill, prefill + left_running, prefill + left_running], rel=1e-6)
+    assert e2e == pytest.approx(ttft + cycles, rel=2e-3)
 
 
 def test_host_time_before_the_first_token_by_hand(kimi):
-    """A calibrated first_token_host_s delays each request's arrival at the scheduler: at one client its TTFT and
-    end-to-end time grow by exactly that much and its TPOT not at all; the closed form agrees, its throughput the
-    client's, osl tokens per request time."""
+    """A calibrated first_token_host_s delays each request's arrival at the scheduler: at one client its TTFT is the
+    prefill and that much (longer than the step the engine left running, which it hides) and its TPOT as it was;
+    the closed form agrees, its throughput the client's, osl tokens per request time."""
     steps, memory, _ = kimi
     host = 0.1
     calibrated = steps.target.cluster.calibrated(
@@ -80,22 +92,25 @@ def test_host_time_before_the_first_token_by_hand(kimi):
     )
     checked = check_command(KIMI_EP8, cluster=calibrated)
     slow = StepTimes(checked.model, checked.setup.layout, calibrated)
-    before, after = (simulate(s, memory, closed(1, 3, isl=512, osl=256)) for s in (steps, slow))
-    assert after.ttft_s.mean == pytest.approx(before.ttft_s.mean + host, rel=1e-9)
-    assert after.e2e_s.mean == pytest.approx(before.e2e_s.mean + host, rel=1e-9)
-    assert after.tpot_s.mean == pytest.approx(before.tpot_s.mean, rel=1e-9)
-    in_process = simulate(slow, memory, closed(1, 3, isl=512, osl=256).model_copy(update={"offline": True}))
-    assert in_process.ttft_s.mean == pytest.approx(before.ttft_s.mean, rel=1e-9)  # bench_one_batch: no front end
+    before, after = (_each(s, memory, closed(1, 3, isl=512, osl=256)) for s in (steps, slow))
+    # the step the engine left running after a request (test_one_client_by_hand) ends before the next arrives
+    prefill = steps.prefill_s(1, 512, 0)
+    assert after.first - after.arrive == pytest.approx([prefill + host] * 3, rel=1e-9)
+    assert (after.finish - after.first) == pytest.approx(before.finish - before.first, rel=1e-9)  # TPOT as it was
+    in_process = _each(slow, memory, closed(1, 3, isl=512, osl=256).model_copy(update={"offline": True}))
+    assert in_process.first - in_process.arrive == pytest.approx(before.first - before.arrive, rel=1e-9)
     p = Predictor(slow, memory).predict(concurrency=1, isl=512, osl=256)
-    assert p.ttft_s == pytest.approx(after.ttft_s.mean, rel=0.01)
-    assert p.output_tok_s == pytest.approx(256 / after.e2e_s.mean, rel=0.01)
+    assert p.ttft_s == pytest.approx(prefill + host, rel=0.01)
+    assert p.output_tok_s == pytest.approx(256 / np.mean(after.finish - after.arrive), rel=0.01)
     # past the KV pool (46 requests) the host time hides in the queue: the engine stays as full, the figures as they
-    # were; below it every client's request takes 0.1 s longer
+    # were; below it every client's request takes 0.1 s longer than it took to be read (a wave of 8 waits out the
+    # step the engine left running)
     fast, held = Predictor(steps, memory), Predictor(slow, memory)
     queued, alone = (p.predict(concurrency=256, isl=1024, osl=1024) for p in (fast, held))
     assert (alone.output_tok_s, alone.ttft_s) == (queued.output_tok_s, queued.ttft_s)
     light, heavy = (p.predict(concurrency=8, isl=1024, osl=1024) for p in (fast, held))
-    assert heavy.ttft_s == pytest.approx(light.ttft_s + host) and heavy.output_tok_s < light.output_tok_s
+    left_running, _ = steps.cycle(8, 1024 + 512)
+    assert heavy.ttft_s == pytest.approx(light.ttft_s - left_running + host) and heavy.output_tok_s < light.output_tok_s
 
 
 def test_decode_only_runs_no_prefill_by_hand(kimi):
@@ -104,14 +119,18 @@ def test_decode_only_runs_no_prefill_by_hand(kimi):
     steps, memory, predictor = kimi
     w = WorkloadSpec(input=Lengths.fixed(8192), output=Lengths.fixed(256), num_requests=3, concurrency=1,
                      decode_only=True)  # fmt: skip
-    result = simulate(steps, memory, w)
+    run = _each(steps, memory, w)
     cycles = [steps.decode_s(1, 8192 + k) for k in range(256)]
-    assert result.ttft_s.mean == pytest.approx(cycles[0], rel=2e-3)
-    assert result.e2e_s.mean == pytest.approx(sum(cycles), rel=2e-3)
-    assert result.output_tok_s == pytest.approx(256 / sum(cycles), rel=2e-3)
+    left_running = steps.decode_s(1, 8192 + 127.5)  # the step the engine left running (test_one_client_by_hand)
+    ttft = run.first - run.arrive
+    assert ttft == pytest.approx([cycles[0], left_running + cycles[0], left_running + cycles[0]], rel=2e-3)
+    assert run.finish - run.arrive == pytest.approx(ttft - cycles[0] + sum(cycles), rel=2e-3)
+    result = run.result(w, 1)
+    assert result.output_tok_s == pytest.approx(768 / (sum(cycles) * 3 + 2 * left_running), rel=2e-3)
     steady = predictor.predict(concurrency=8, isl=8192, osl=256, decode_only=True)
     cycle = steps.decode(8, 8192 + 128).cycle_s
-    assert steady.tpot_s == pytest.approx(cycle) and steady.output_tok_s == pytest.approx(8 / cycle)
+    # streams of one length end together and wait out the step the engine left running: 256 tokens in 257 cycles
+    assert steady.tpot_s == pytest.approx(cycle) and steady.output_tok_s == pytest.approx(8 * 256 / (257 * cycle))
     assert steady.breakdown_s["prefill"] == 0.0
 
 
@@ -300,16 +319,26 @@ def test_a_request_sent_between_reads_waits_for_the_next_by_hand():
     """SGLang --scheduler-recv-interval 10 reads new requests every 10 decode steps (and at once after a prefill).
     Two clients send A (400 tokens out) and B (92 out), prefilled together; B's last token comes from decode step
     91, so its client's next request C is read at step 100: it waits 9 steps of A alone, then its own prefill.
-    Read every step, C is prefilled at once."""
+    Read every step, C still misses the read that formed step 92 (it came before B's token reached the client)
+    and, as the overlap schedule forms step 93 while step 92 runs, waits two steps of A (one without the overlap
+    schedule: scheduler.py event_loop_overlap launches a batch before it hands out the last one's tokens)."""
     w = WorkloadSpec(input=Lengths.fixed(1), output=Lengths.fixed(1), num_requests=3, concurrency=2,
                      pairs=((100, 400), (100, 92), (100, 50)))  # fmt: skip
     waits = {}
-    for every in (1, 10):
-        steps, memory, _ = _setup(f"{KIMI_EP8} --scheduler-recv-interval {every}", "8xrtx-pro-6000")
-        assert steps.layout.options.scheduler.poll_decode_steps == every
+    for flags in ("--scheduler-recv-interval 1", "--scheduler-recv-interval 10", "--disable-overlap-schedule"):
+        steps, memory, _ = _setup(f"{KIMI_EP8} {flags}", "8xrtx-pro-6000")
         run = _Run(Simulation(steps, memory), draw(w), 2, None)
         run.loop()
-        waits[every] = run.first[2] - run.arrive[2]
-    prefill = steps.prefill_s(1, 100, 0)
-    assert waits[1] == pytest.approx(prefill, rel=1e-6)
-    assert waits[10] == pytest.approx(prefill + 9 * steps.decode_s(1, 100 + 92 + 4), rel=2e-3)
+        waits[flags] = run.first[2] - run.arrive[2]
+    assert steps.layout.options.overlap_schedule is False
+    overlapped, _, _ = _setup(f"{KIMI_EP8} --scheduler-recv-interval 10", "8xrtx-pro-6000")
+    assert overlapped.layout.options.scheduler.poll_decode_steps == 10 and overlapped.layout.options.overlap_schedule
+    prefill = overlapped.prefill_s(1, 100, 0)
+    a_alone = overlapped.decode_s(1, 100 + 92 + 1)
+    assert waits["--scheduler-recv-interval 1"] == pytest.approx(prefill + 2 * a_alone, rel=2e-3)
+    assert waits["--disable-overlap-schedule"] == pytest.approx(
+        steps.prefill_s(1, 100, 0) + steps.decode_s(1, 100 + 92 + 1), rel=2e-3
+    )
+    assert waits["--scheduler-recv-interval 10"] == pytest.approx(
+        prefill + 9 * overlapped.decode_s(1, 100 + 92 + 4), rel=2e-3
+    )

@@ -8,8 +8,13 @@ finished request, a full KV pool, a stalled queue to re-check) decode steps repe
 the simulation advances them together: time advances by k cycles priced at the span's mean context, every
 request gains k × τ tokens. Its cost grows with events, not with tokens.
 
-The scheduler reads newly sent requests before each step, or (SGLang --scheduler-recv-interval N) only every N
-decode steps, at once after a prefill step or while idle: a request sent mid-way waits for that read.
+The scheduler reads newly sent requests before it forms each step's batch, or (SGLang --scheduler-recv-interval N)
+only every N decode steps, at once after a prefill step or while idle: a request sent mid-way waits for that read.
+A busy scheduler reads before it hands out the tokens of the step that just ended, so a request a client sends on
+receiving one (a closed loop's next request) waits for the next read. A scheduler that overlaps the GPU (SGLang's
+overlap schedule, vLLM's async scheduling) forms each batch while the step before it runs: it read one step
+earlier, and a request waits one step more; the last requests' step still runs after they finish, so even an
+engine that falls idle reads what their clients send only after it.
 
 Admission follows the engine's scheduler policy (engines' `SchedulerPolicy`): a new request needs room for its
 prompt plus its output (SGLang holds back a decaying share of every running request's remaining output; vLLM
@@ -104,6 +109,7 @@ class Simulation:
         self.slots = memory.max_running_requests_per_rank or 1 << 30
         self.chunk = layout.options.chunked_prefill_tokens or 8192
         self.poll = self.policy.poll_decode_steps
+        self.overlap = layout.options.overlap_schedule
         self.tau = steps.tokens
         self.verify = steps.plan.verify_tokens if steps.plan else 1
 
@@ -172,6 +178,7 @@ class _Run:
         self.rr = 0  # round-robin over ranks
         self.unread = 0  # decode steps since the scheduler last read new requests
         self.last_cycle = 0.0  # the last decode step's time
+        self.last_step_s: float | None = None  # the last step's time; None while the engine is idle
         for _ in range(n if clients is None else min(clients, n)):
             self._send_next(0.0)
 
@@ -184,15 +191,21 @@ class _Run:
             heapq.heappush(self.sends, (max(now, float(self.send[i])) + self.first_token_host_s, i))
 
     def _deliver(self) -> None:
-        """Queue the requests sent by the scheduler's last read: now, or where it reads only every `poll` decode
-        steps, the last of those steps (a read after a prefill step or while idle is now)."""
+        """Queue the requests sent before the scheduler's last read: now, or where it reads only every `poll` decode
+        steps, the last of those steps (a read after a prefill step or while idle is now); a step earlier where it
+        overlaps the GPU. A busy scheduler's read comes before the tokens of the step that just ended reach the
+        clients, so what they send on those tokens waits; an idle one reads a request as it comes."""
         seen_until = self.t
+        busy = self.last_step_s is not None
         if self.sim.poll > 1:
             if self.unread < self.sim.poll:
                 return
             seen_until -= (self.unread % self.sim.poll) * self.last_cycle
             self.unread %= self.sim.poll
-        while self.sends and self.sends[0][0] <= seen_until + 1e-12:
+        if busy and self.sim.overlap:
+            seen_until -= self.last_step_s
+        seen_until += -1e-9 if busy else 1e-12
+        while self.sends and self.sends[0][0] <= seen_until:
             when, i = heapq.heappop(self.sends)
             self.arrive[i] = when - self.first_token_host_s  # when the client sent it: what its latencies count from
             self.ranks[self.rr % len(self.ranks)].waiting.append(i)
@@ -306,6 +319,7 @@ class _Run:
             duration = max(duration, cost)
         self.t += duration
         self.steps += 1
+        self.last_step_s = duration
         self.unread = self.sim.poll  # any step but a decode step lets the scheduler read at once
         for rank, batch in zip(self.ranks, batches, strict=True):
             for i, _ in batch:
@@ -375,15 +389,15 @@ class _Run:
         all_ids = [i for r in active for i in r.running]
         context = self._context(all_ids)
         cycle = sim.steps.decode_s(busiest * sim.scale, context)
-        if self.sends:  # up to the scheduler's first read after the next send
-            sent = max(1, math.ceil((self.sends[0][0] - self.t) / cycle))
+        if self.sends:  # up to the scheduler's first read after the next send (a step later where it overlaps)
+            sent = max(1, math.floor((self.sends[0][0] - self.t) / cycle) + 1 + sim.overlap)
             k = min(k, sent + (-(self.unread + sent)) % sim.poll)
         k = max(1, int(k))
         cycle = sim.steps.decode_s(busiest * sim.scale, context + (k - 1) / 2 * sim.tau)
         self.t += k * cycle
         self.steps += k
         self.unread += k
-        self.last_cycle = cycle
+        self.last_cycle = self.last_step_s = cycle
         self.decode_time += k * cycle
         self.running_time += k * cycle * len(all_ids) / len(active)
         self.peak = max(self.peak, busiest)
@@ -431,8 +445,11 @@ class _Run:
             elif any(rank.running for rank in self.ranks):
                 self._span()
             elif self.sends:  # idle until the next request, read at once; an idle SGLang resets its reserve ratio
+                if self.sim.overlap and self.last_step_s is not None:
+                    self.t += self.last_cycle  # the step it formed before the last tokens went out still runs
                 self.t = max(self.t, self.sends[0][0])
                 self.unread = self.sim.poll
+                self.last_step_s = None
                 self.ratio = self.sim.policy.reserve_ratio_start
             else:
                 raise RuntimeError("simulation stalled with requests left")  # a bug, not a user error

@@ -26,9 +26,12 @@ output_tok_s = running / decode_cycle and TPOT = decode_cycle.
 With speculative decoding a decode cycle yields the mean accepted length τ per request, and the cycle
 time per token is the cycle ÷ τ.
 
-A calibrated host time h before the scheduler sees a request (first_token_host_s) adds to TTFT and e2e, and each
-client's throughput is osl / (e2e + h), the engine's batch taken as it is; under a queue at least as long as the
-requests in that host flight, h hides in the wait.
+A client's next request waits for the scheduler's next read (it read before handing out the last token, and where it
+overlaps the GPU it formed one more step then): h = one step for requests in step (one client, a wave, decode-only
+streams of one length: the engine falls idle after that step), two for requests out of step, none without the
+overlap for requests in step. A calibrated host time before the scheduler sees a request (first_token_host_s) runs
+beside it: h is the longer. h adds to TTFT and e2e, and each client's throughput is osl / (e2e + h), the engine's
+batch taken as it is; under a queue at least as long as the requests in that host flight, h hides in the wait.
 
 Cycle times (pipeline micro-batches, drafting) come from serve/steps. The simulation (serve/simulate)
 refines all of this with arrivals, queueing, admission and chunk scheduling.
@@ -76,6 +79,7 @@ class _Running(NamedTuple):
     bound: str  # the largest of them
     cycle_s: float  # the decode cycle per output token
     tokens_per_step: float
+    read_s: float  # from a client's send to the scheduler's read that puts the request in a batch
 
 
 class Predictor:
@@ -97,6 +101,7 @@ class Predictor:
         self._shared = {} if shared is None else shared
         self._mixed = self.layout.options.scheduler.mixed_batches
         self._poll = self.layout.options.scheduler.poll_decode_steps
+        self._overlap = self.layout.options.overlap_schedule
         self._steady: dict[tuple, _Running] = {}
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
@@ -141,7 +146,7 @@ class Predictor:
         # host time before the scheduler sees a request: each client's request takes that much longer, the engine's
         # batch taken as it is without it (exact at one client); under a queue at least as long as the requests in
         # that host flight, the time hides in the wait and the engine stays as full
-        host = self.steps.first_token_host_s
+        host = max(self.steps.first_token_host_s, steady.read_s)  # the request waits out the longer
         if queued and concurrency - cap >= steady.output_tok_s / osl * host:
             host = 0.0
         return Prediction(
@@ -182,10 +187,16 @@ class Predictor:
             wave = running * per_request
             first = max(alone, (wave + batch) / 2)
             between = max(0.0, wave - first)
+        # a client sends its next request on its last token; the scheduler read before it handed that token out (a
+        # step earlier where it overlaps the GPU, and that step still runs): requests in step (one client, a wave,
+        # decode-only streams of one length) find the engine idle after that step and are read at once, requests out
+        # of step wait for the next read and its step; a queued request was read long before its turn (simulate)
+        in_step = running == 1 or decode_only or not self._mixed
+        read = 0.0 if queued else (self._overlap + (not in_step)) * cycle_s
         tpot = cycle + between / steps
         breakdown = {**parts, "prefill": between / steps}
         bound = max(breakdown, key=breakdown.__getitem__)
-        return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens)
+        return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens, read)
 
     def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:
         return [self.predict(concurrency=c, isl=isl, osl=osl, decode_only=decode_only) for c in concurrencies]
