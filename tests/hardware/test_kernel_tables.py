@@ -9,10 +9,12 @@ from shardwise.hardware import kernel_tables
 from shardwise.hardware.kernel_tables import (
     GQADecodeShape,
     MLADecodeShape,
+    MLAPrefillShape,
     MoEShape,
     gemm_grid,
     gqa_decode_grid,
     mla_decode_grid,
+    mla_prefill_grid,
     moe_curve,
 )
 from shardwise.ops.build import StepModel
@@ -115,6 +117,37 @@ def test_the_mla_decode_grid_is_the_packages_rows_and_fp8_kv_has_none_on_this_gp
     assert grid.time_s(math.sqrt(8 * 16), 4096) == (pytest.approx(expected, rel=1e-9), False)
     assert grid.time_s(512, 4096) == (pytest.approx(2 * MLA_ROWS_MS[256] / 1e3, rel=1e-4), True)
     assert mla_decode_grid("rtx-pro-6000-server", "sglang", "0.5.23", MLADecodeShape(heads=8, kv_bytes=1)) is None
+
+
+# b200_sxm/mla/sglang/0.5.14/context_mla_perf.parquet, trtllm_mla, fp8 KV, bf16 queries, 16 local heads (DeepSeek-R1
+# at attention TP8), one prompt: latency in ms at prompt lengths 1024, 8192 and 32768
+MLA_PREFILL_ROWS_MS = {1024: 0.037054, 8192: 0.306045, 32768: 3.064842}
+
+
+def test_the_mla_prefill_grid_is_the_packages_rows_and_a_later_chunk_scales_with_its_pairs():
+    shape = MLAPrefillShape(heads=16, kv_bytes=1)
+    grid = mla_prefill_grid("b200", "sglang", "0.5.12", shape)
+    assert grid is not None and grid.release == "0.5.14" and "context_mla_perf (trtllm_mla)" in grid.source
+    for length, ms in MLA_PREFILL_ROWS_MS.items():
+        assert grid.time_s(1, length) == (pytest.approx(ms / 1e3, rel=1e-4), False)
+    assert grid.time_s(1, 65536)[1]  # past the longest prompt measured: flagged
+    # a whole 8k prompt's attention on B200 at TP8 is that row, once per layer; a later 8k chunk after 8k cached
+    # tokens attends to (8192 + 4096) / 4096 = 3 times the pairs: three times that, flagged as carried beyond
+    # what was measured
+    command = ("python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1-0528 --tp 8 "
+               "--kv-cache-dtype fp8_e4m3 --attention-backend trtllm_mla --trust-remote-code")  # fmt: skip
+    cluster = load_cluster("8xb200")
+    checked = check_command(command, cluster=cluster, version="0.5.12")
+    steps = StepTimes(checked.model, checked.setup.layout, cluster)
+    whole = steps.target.step(phase=Phase.PREFILL, requests=1, new_tokens=8192)
+    later = steps.target.step(phase=Phase.PREFILL, requests=1, new_tokens=8192, context_tokens=8192)
+    attention = [o for o in whole.ops if o.name == "attention"]  # in the 3 dense layers and the 58 MoE layers
+    assert sum(o.count for o in attention) == 61 and all(o.measured for o in attention)
+    assert sum(o.time_s for o in attention) == pytest.approx(61 * MLA_PREFILL_ROWS_MS[8192] / 1e3, rel=1e-3)
+    chunk = [o for o in later.ops if o.name == "attention"]
+    assert sum(o.time_s for o in chunk) == pytest.approx(3 * 61 * MLA_PREFILL_ROWS_MS[8192] / 1e3, rel=1e-3)
+    assert all(o.measured and o.extrapolated for o in chunk)
+    assert mla_prefill_grid("b200", "sglang", "0.5.12", MLAPrefillShape(heads=16, kv_bytes=4)) is None
 
 
 def test_a_users_own_table_is_read_before_the_packages_and_says_so(tmp_path, monkeypatch):

@@ -75,7 +75,7 @@ def test_one_client_by_hand(kimi):
     run = _each(steps, memory, closed(1, 3, isl=512, osl=256))
     prefill = steps.prefill_s(1, 512, 0)
     cycles = sum(steps.decode_s(1, 513 + k) for k in range(255))
-    left_running = steps.decode_s(1, 513 + 127)  # the last step of the span, priced at the span's mean context
+    left_running = steps.decode_s(1, 512 + 256)  # a decode step of the finished request at its last context
     ttft, e2e = run.first - run.arrive, run.finish - run.arrive
     assert ttft == pytest.approx([prefill, prefill + left_running, prefill + left_running], rel=1e-6)
     assert e2e == pytest.approx(ttft + cycles, rel=2e-3)
@@ -109,8 +109,47 @@ def test_host_time_before_the_first_token_by_hand(kimi):
     queued, alone = (p.predict(concurrency=256, isl=1024, osl=1024) for p in (fast, held))
     assert (alone.output_tok_s, alone.ttft_s) == (queued.output_tok_s, queued.ttft_s)
     light, heavy = (p.predict(concurrency=8, isl=1024, osl=1024) for p in (fast, held))
-    left_running, _ = steps.cycle(8, 1024 + 512)
+    left_running, _ = steps.cycle(8, 1024 + 1024)  # the step formed with the finished wave, at its last context
     assert heavy.ttft_s == pytest.approx(light.ttft_s - left_running + host) and heavy.output_tok_s < light.output_tok_s
+
+
+def test_a_busy_vllm_reads_a_closed_loops_next_request_two_steps_on_by_hand():
+    """vLLM's async scheduling (its default from 0.14) forms each batch while the step before it runs
+    (v1/engine/core.py step_with_batch_queue). Two clients send A (400 tokens out) and B (92 out); B's client sends
+    C on B's last token, which the read right after that token misses, and the batch formed at the next read runs
+    after the step in flight: C's prefill (mixed with A's decode) starts two steps of A alone after B's last token.
+    With a host time before the scheduler sees C, the first read after C comes: 1.5 steps → 3, 2.5 → 4. The closed
+    form's wait for requests out of step moves alike. At one client vLLM schedules no step for a request whose step
+    in flight reaches its max_tokens (v1/core/sched/scheduler.py): the next request is prefilled at once."""
+    steps, memory, predictor = _setup(LLAMA_VLLM, "1xh100")
+    assert steps.layout.options.overlap_schedule and not steps.layout.options.scheduler.runs_finished_step
+    w = WorkloadSpec(input=Lengths.fixed(1), output=Lengths.fixed(1), num_requests=3, concurrency=2,
+                     pairs=((100, 400), (100, 92), (100, 50)))  # fmt: skip
+    a_alone = steps.decode_s(1, 100 + 92 + 1)
+    mixed = steps.prefill_s(1, 100, 0) + steps.decode_s(1, 100 + 92 + 3)  # C's prefill beside A's decode
+    ttft = {}
+    for host in (0.0, 1.5 * a_alone, 2.5 * a_alone):
+        cluster = steps.target.cluster.calibrated(
+            Calibration(gpu=steps.target.cluster.gpu.name, constants={"first_token_host_s": host}, fitted_on=())
+        )
+        checked = check_command(LLAMA_VLLM, cluster=cluster)
+        run = _each(StepTimes(checked.model, checked.setup.layout, cluster), memory, w)
+        ttft[host] = run.first[2] - run.arrive[2]
+    assert list(ttft.values()) == pytest.approx([2 * a_alone + mixed, 3 * a_alone + mixed, 4 * a_alone + mixed],
+                                                rel=2e-3)  # fmt: skip
+    one = _each(steps, memory, closed(1, 3, isl=512, osl=256))
+    assert one.first - one.arrive == pytest.approx([steps.prefill_s(1, 512, 0)] * 3, rel=1e-6)
+    # the closed form at 8 clients (mixed batches: requests out of step): a host time of 1.5 and 2.5 of its steps
+    # adds one and two steps to TTFT
+    cycle, _ = steps.cycle(8, 1024 + 512)
+    base = predictor.predict(concurrency=8, isl=1024, osl=1024).ttft_s
+    for host, more in ((1.5 * cycle, 1), (2.5 * cycle, 2)):
+        cluster = steps.target.cluster.calibrated(
+            Calibration(gpu=steps.target.cluster.gpu.name, constants={"first_token_host_s": host}, fitted_on=())
+        )
+        checked = check_command(LLAMA_VLLM, cluster=cluster)
+        held = Predictor(StepTimes(checked.model, checked.setup.layout, cluster), memory)
+        assert held.predict(concurrency=8, isl=1024, osl=1024).ttft_s == pytest.approx(base + more * cycle)
 
 
 def test_decode_only_runs_no_prefill_by_hand(kimi):
@@ -121,7 +160,7 @@ def test_decode_only_runs_no_prefill_by_hand(kimi):
                      decode_only=True)  # fmt: skip
     run = _each(steps, memory, w)
     cycles = [steps.decode_s(1, 8192 + k) for k in range(256)]
-    left_running = steps.decode_s(1, 8192 + 127.5)  # the step the engine left running (test_one_client_by_hand)
+    left_running = steps.decode_s(1, 8192 + 256)  # the step the engine left running (test_one_client_by_hand)
     ttft = run.first - run.arrive
     assert ttft == pytest.approx([cycles[0], left_running + cycles[0], left_running + cycles[0]], rel=2e-3)
     assert run.finish - run.arrive == pytest.approx(ttft - cycles[0] + sum(cycles), rel=2e-3)
@@ -129,8 +168,10 @@ def test_decode_only_runs_no_prefill_by_hand(kimi):
     assert result.output_tok_s == pytest.approx(768 / (sum(cycles) * 3 + 2 * left_running), rel=2e-3)
     steady = predictor.predict(concurrency=8, isl=8192, osl=256, decode_only=True)
     cycle = steps.decode(8, 8192 + 128).cycle_s
-    # streams of one length end together and wait out the step the engine left running: 256 tokens in 257 cycles
-    assert steady.tpot_s == pytest.approx(cycle) and steady.output_tok_s == pytest.approx(8 * 256 / (257 * cycle))
+    # streams of one length end together and wait out the step the engine formed with them, at their last context
+    last, _ = steps.cycle(8, 8192 + 256)
+    assert steady.tpot_s == pytest.approx(cycle)
+    assert steady.output_tok_s == pytest.approx(8 * 256 / (256 * cycle + last))
     assert steady.breakdown_s["prefill"] == 0.0
 
 

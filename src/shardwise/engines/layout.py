@@ -72,6 +72,13 @@ class SchedulerPolicy(Frozen):
         description="the scheduler reads newly sent requests only every this many decode steps (at once after a "
         "prefill step or while idle): SGLang --scheduler-recv-interval",
     )
+    runs_finished_step: bool = Field(
+        False,
+        description="overlapping the GPU, the scheduler runs the step it formed before it learned that a request "
+        "had its last token (SGLang: scheduler.py event_loop_overlap processes a batch's results after it forms the "
+        "next); vLLM does not schedule a request whose step in flight reaches its max_tokens "
+        "(v1/core/sched/scheduler.py, 0.33 and 0.34)",
+    )
 
 
 class WindowPool(Frozen):

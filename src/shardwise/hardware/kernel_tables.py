@@ -59,6 +59,7 @@ class KernelTablesSpec(BaseModel):
     systems: dict[str, str]
     moe: MoETables
     mla_decode: DecodeTables
+    mla_prefill: DecodeTables
     gemm: GemmTables
     gqa_decode: DecodeTables
 
@@ -117,6 +118,15 @@ class MoEShape:
 class MLADecodeShape:
     """Absorbed MLA decode attention on one GPU as the tables key it: its local query heads and the bytes of
     each cached latent element."""
+
+    heads: int
+    kv_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MLAPrefillShape:
+    """MLA prefill attention on one GPU as the tables key it (they timed whole prompts, nothing cached before
+    them): its local query heads and the bytes of each cached latent element."""
 
     heads: int
     kv_bytes: int
@@ -358,15 +368,16 @@ def _keep(path: Path, rows: dict[str, np.ndarray]) -> None:
 def _decode_row_sets(
     gpu: str, engine: str, release: str, tables: DecodeTables, kind: str, columns: tuple[str, ...], kv_bytes: int
 ) -> Iterator[tuple[str, str, dict[str, np.ndarray]]]:
-    """The row sets of a decode attention table (`kind` "mla" or "gqa") for a KV cache of `kv_bytes` per element, BF16
-    attention, as `_row_sets` finds them: each with its label (source, GPU, engine, release) and its release."""
+    """The row sets of an attention table (`kind` "mla", "mla-prefill" or "gqa") for a KV cache of `kv_bytes` per
+    element, BF16 attention, as `_row_sets` finds them: each with its label (source, GPU, engine, release) and its
+    release."""
     system = spec().systems.get(gpu)
     kv_dtype = tables.kv_dtypes.get(str(kv_bytes))
     if system is None or kv_dtype is None:
         return
-    dtype_column = "mla_dtype" if kind == "mla" else "attn_dtype"
+    dtype_column = "attn_dtype" if kind == "gqa" else "mla_dtype"
     filters = (("kv_cache_dtype", "=", kv_dtype), (dtype_column, "=", "bfloat16"))
-    name = f"{kind}-decode-{kv_dtype}"
+    name = f"{kind}-{kv_dtype}" if kind == "mla-prefill" else f"{kind}-decode-{kv_dtype}"
     for label, table_release, rows in _row_sets(system, engine, release, tables.table, name, columns, filters):
         yield f"{label} {system} {engine} {table_release}", table_release, rows
 
@@ -384,6 +395,21 @@ def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) 
         source = f"{label} generation_mla_perf ({kernel})"
         # `step` tokens were cached before this one
         return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source, table_release)
+    return None
+
+
+@cache
+def mla_prefill_grid(gpu: str, engine: str, release: str, shape: MLAPrefillShape) -> Grid | None:
+    """The measured MLA prefill attention of `shape` on `gpu` over (prompts, prompt length), or None."""
+    tables = spec().mla_prefill
+    found = _decode_row_sets(gpu, engine, release, tables, "mla-prefill", MLA_PREFILL_COLUMNS, shape.kv_bytes)
+    for label, table_release, rows in found:
+        keep = rows["num_heads"] == shape.heads
+        if keep.sum() < 4:
+            continue
+        kernel = str(rows["kernel_source"][keep][0])
+        source = f"{label} context_mla_perf ({kernel})"
+        return _grid((rows["batch_size"][keep], rows["isl"][keep]), rows["latency"][keep], source, table_release)
     return None
 
 
@@ -485,6 +511,7 @@ GQA_COLUMNS = (
 
 
 MLA_COLUMNS = ("kernel_source", "num_heads", "batch_size", "step", "latency")
+MLA_PREFILL_COLUMNS = ("kernel_source", "num_heads", "batch_size", "isl", "latency")
 
 
 @cache

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from shardwise.engines.layout import Layout, groups, stage_layers, weight_split, weight_ways, with_kv_dtype
 from shardwise.hardware.collectives import Collective
-from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MoEShape
+from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MLAPrefillShape, MoEShape
 from shardwise.memo import Memo
 from shardwise.ops.collectives import ACT_BYTES, comm_steps
 from shardwise.ops.routing import busiest_rank
@@ -917,10 +917,12 @@ def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens:
         cache_share = max(1, kv_heads // max(1, inputs.attn_tp)) / kv_heads / inputs.dcp
     flops = requests * new_tokens * heads * seen * per_pair / inputs.dcp
     kv_bytes = requests * cached * per_token_cache * cache_share
-    measured_shape, gqa_shape = None, None
+    measured_shape, gqa_shape, prefill_shape = None, None, None
     one_query = phase is Phase.DECODE and new_tokens == 1 and inputs.dcp == 1
     if att.kind == "mla" and one_query:
         measured_shape = MLADecodeShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
+    elif att.kind == "mla" and phase is Phase.PREFILL and inputs.dcp == 1 and heads == int(heads):
+        prefill_shape = MLAPrefillShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
     elif att.kind != "mla" and one_query and heads == int(heads):
         gqa_shape = GQADecodeShape(
             heads=int(heads),
@@ -940,9 +942,11 @@ def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens:
         dtype="bf16",
         kernels=2,  # split-KV partials + merge
         mla_decode=measured_shape,
+        mla_prefill=prefill_shape,
         gqa_decode=gqa_shape,
         tokens=requests,
         context=int(full_length),
+        new_tokens=new_tokens,
     )
 
 

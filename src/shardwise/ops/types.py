@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from shardwise.hardware.collectives import Collective
-from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MoEShape
+from shardwise.hardware.kernel_tables import GemmShape, GQADecodeShape, MLADecodeShape, MLAPrefillShape, MoEShape
 
 
 class Phase(str, Enum):
@@ -43,11 +43,13 @@ class Compute:
     kernels: int = 1  # kernel launches per execution
     moe: MoEShape | None = None  # routed experts: the shape measured kernel tables are keyed by
     mla_decode: MLADecodeShape | None = None  # absorbed MLA decode attention: likewise
+    mla_prefill: MLAPrefillShape | None = None  # MLA prefill attention of whole prompts: likewise
     gqa_decode: GQADecodeShape | None = None  # multi-head / grouped-query decode attention: likewise
     gemms: tuple[GemmShape, ...] = ()  # dense projections: the GEMMs the op runs, likewise
     untimed_kernels: int = 0  # kernels of a GEMM op that no GEMM table times (an MLP's activation)
     tokens: int = 0  # tokens the op processes per execution (what a measured table is looked up at)
     context: int = 0  # attention: tokens cached per request, this step's included (before any window)
+    new_tokens: int = 0  # prefill attention: the tokens each request adds this step (`context` holds them too)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,11 +10,15 @@ request gains k × τ tokens. Its cost grows with events, not with tokens.
 
 The scheduler reads newly sent requests before it forms each step's batch, or (SGLang --scheduler-recv-interval N)
 only every N decode steps, at once after a prefill step or while idle: a request sent mid-way waits for that read.
-A busy scheduler reads before it hands out the tokens of the step that just ended, so a request a client sends on
-receiving one (a closed loop's next request) waits for the next read. A scheduler that overlaps the GPU (SGLang's
-overlap schedule, vLLM's async scheduling) forms each batch while the step before it runs: it read one step
-earlier, and a request waits one step more; the last requests' step still runs after they finish, so even an
-engine that falls idle reads what their clients send only after it.
+A busy scheduler reads again right after it hands out the tokens of the step that just ended, sooner than a
+client's next request can come back through the HTTP server, the tokenizer and the hops between the engine's
+processes (taken to need less than a step; a longer trip is a calibrated first_token_host_s), so a closed loop's
+next request waits for the read after. A scheduler that overlaps the GPU (SGLang's overlap schedule, vLLM's async
+scheduling) forms each batch while the step before it runs: what it reads joins the step after the one in flight,
+a step later. SGLang also runs the step it formed before it learned that requests had their last token
+(`SchedulerPolicy.runs_finished_step`), so even when that leaves it idle it reads their clients' next requests
+only after that step. A pipeline reads once per micro-batch, far more often than once per simulated cycle: there a
+request is read at the step boundary it reaches, as before any of this.
 
 Admission follows the engine's scheduler policy (engines' `SchedulerPolicy`): a new request needs room for its
 prompt plus its output (SGLang holds back a decaying share of every running request's remaining output; vLLM
@@ -45,6 +49,8 @@ from shardwise.serve.steps import StepTimes
 from shardwise.spec.workload import WorkloadSpec
 
 RECHECK_STEPS = 32  # a queue held back by the decaying reserve is re-checked this often (SGLang checks every step)
+# a send at the instant of a busy scheduler's read (a token it has just handed out) misses it; an idle one reads it
+BEFORE_READ_S, AT_READ_S = -1e-9, 1e-12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +115,9 @@ class Simulation:
         self.slots = memory.max_running_requests_per_rank or 1 << 30
         self.chunk = layout.options.chunked_prefill_tokens or 8192
         self.poll = self.policy.poll_decode_steps
-        self.overlap = layout.options.overlap_schedule
+        self.lagged = layout.pp == 1  # reads lag a busy step (a pipeline reads once per micro-batch: it does not)
+        self.overlap = layout.options.overlap_schedule and self.lagged
+        self.runs_finished_step = self.overlap and self.policy.runs_finished_step
         self.tau = steps.tokens
         self.verify = steps.plan.verify_tokens if steps.plan else 1
 
@@ -178,7 +186,9 @@ class _Run:
         self.rr = 0  # round-robin over ranks
         self.unread = 0  # decode steps since the scheduler last read new requests
         self.last_cycle = 0.0  # the last decode step's time
-        self.last_step_s: float | None = None  # the last step's time; None while the engine is idle
+        self.last_step_s = 0.0  # the last step's time
+        self.busy = False  # a step just ended and the engine goes on: its scheduler's read came before any reply
+        self.finished_step_s = 0.0  # the step the engine formed with the requests that last finished
         for _ in range(n if clients is None else min(clients, n)):
             self._send_next(0.0)
 
@@ -193,18 +203,18 @@ class _Run:
     def _deliver(self) -> None:
         """Queue the requests sent before the scheduler's last read: now, or where it reads only every `poll` decode
         steps, the last of those steps (a read after a prefill step or while idle is now); a step earlier where it
-        overlaps the GPU. A busy scheduler's read comes before the tokens of the step that just ended reach the
-        clients, so what they send on those tokens waits; an idle one reads a request as it comes."""
+        overlaps the GPU. What clients send on the tokens of the step that just ended misses a busy scheduler's read;
+        an idle one reads a request as it comes."""
         seen_until = self.t
-        busy = self.last_step_s is not None
         if self.sim.poll > 1:
             if self.unread < self.sim.poll:
                 return
             seen_until -= (self.unread % self.sim.poll) * self.last_cycle
             self.unread %= self.sim.poll
+        busy = self.busy and self.sim.lagged
         if busy and self.sim.overlap:
             seen_until -= self.last_step_s
-        seen_until += -1e-9 if busy else 1e-12
+        seen_until += BEFORE_READ_S if busy else AT_READ_S
         while self.sends and self.sends[0][0] <= seen_until:
             when, i = heapq.heappop(self.sends)
             self.arrive[i] = when - self.first_token_host_s  # when the client sent it: what its latencies count from
@@ -216,6 +226,8 @@ class _Run:
         if not finished:
             return
         rank.running = [i for i in rank.running if self.gen[i] < self.osl[i] - 1e-9]
+        if self.sim.runs_finished_step:  # the step formed with them, one more token each at their last context
+            self.finished_step_s = self.sim.steps.decode_s(len(finished) * self.sim.scale, self._context(finished))
         rank.held -= float(self._charge(self._kv(finished)).sum())
         for i in finished:
             self.finish[i] = self.t
@@ -319,7 +331,7 @@ class _Run:
             duration = max(duration, cost)
         self.t += duration
         self.steps += 1
-        self.last_step_s = duration
+        self.last_step_s, self.busy = duration, True
         self.unread = self.sim.poll  # any step but a decode step lets the scheduler read at once
         for rank, batch in zip(self.ranks, batches, strict=True):
             for i, _ in batch:
@@ -389,8 +401,9 @@ class _Run:
         all_ids = [i for r in active for i in r.running]
         context = self._context(all_ids)
         cycle = sim.steps.decode_s(busiest * sim.scale, context)
-        if self.sends:  # up to the scheduler's first read after the next send (a step later where it overlaps)
-            sent = max(1, math.floor((self.sends[0][0] - self.t) / cycle) + 1 + sim.overlap)
+        if self.sends:  # up to the scheduler's first read that takes the next send: after it (a step later where it
+            gap = (self.sends[0][0] - self.t) / cycle  # overlaps), or at the boundary it reaches (a pipeline)
+            sent = max(1, math.floor(gap) + 1 + int(sim.overlap) if sim.lagged else math.ceil(gap))
             k = min(k, sent + (-(self.unread + sent)) % sim.poll)
         k = max(1, int(k))
         cycle = sim.steps.decode_s(busiest * sim.scale, context + (k - 1) / 2 * sim.tau)
@@ -398,6 +411,7 @@ class _Run:
         self.steps += k
         self.unread += k
         self.last_cycle = self.last_step_s = cycle
+        self.busy = True
         self.decode_time += k * cycle
         self.running_time += k * cycle * len(all_ids) / len(active)
         self.peak = max(self.peak, busiest)
@@ -445,11 +459,11 @@ class _Run:
             elif any(rank.running for rank in self.ranks):
                 self._span()
             elif self.sends:  # idle until the next request, read at once; an idle SGLang resets its reserve ratio
-                if self.sim.overlap and self.last_step_s is not None:
-                    self.t += self.last_cycle  # the step it formed before the last tokens went out still runs
+                if self.sim.runs_finished_step and self.busy:
+                    self.t += self.finished_step_s  # the step it formed before the last tokens went out still runs
                 self.t = max(self.t, self.sends[0][0])
                 self.unread = self.sim.poll
-                self.last_step_s = None
+                self.busy = False
                 self.ratio = self.sim.policy.reserve_ratio_start
             else:
                 raise RuntimeError("simulation stalled with requests left")  # a bug, not a user error

@@ -26,12 +26,14 @@ output_tok_s = running / decode_cycle and TPOT = decode_cycle.
 With speculative decoding a decode cycle yields the mean accepted length τ per request, and the cycle
 time per token is the cycle ÷ τ.
 
-A client's next request waits for the scheduler's next read (it read before handing out the last token, and where it
-overlaps the GPU it formed one more step then): h = one step for requests in step (one client, a wave, decode-only
-streams of one length: the engine falls idle after that step), two for requests out of step, none without the
-overlap for requests in step. A calibrated host time before the scheduler sees a request (first_token_host_s) runs
-beside it: h is the longer. h adds to TTFT and e2e, and each client's throughput is osl / (e2e + h), the engine's
-batch taken as it is; under a queue at least as long as the requests in that host flight, h hides in the wait.
+A client's next request waits w before it joins a batch (serve/simulate says why). Requests in step (one client, a
+wave, decode-only streams of one length) find the engine idle and are read at once: w is the longer of a calibrated
+host time h before the scheduler sees a request (first_token_host_s) and the step SGLang runs with the requests
+that just finished. Requests out of step reach a busy scheduler: w is h, then the wait for the next of its reads
+(a step on average, (N + 1) / 2 where it reads every N decode steps), then a step more where it overlaps the GPU;
+a pipeline reads once per micro-batch and adds only h. w adds to TTFT and e2e, and each client's throughput is
+osl / (e2e + w), the engine's batch taken as it is; a queued request was read long before its turn, and under a
+queue at least as long as the requests in a host flight h hides in the wait.
 
 Cycle times (pipeline micro-batches, drafting) come from serve/steps. The simulation (serve/simulate)
 refines all of this with arrivals, queueing, admission and chunk scheduling.
@@ -79,7 +81,7 @@ class _Running(NamedTuple):
     bound: str  # the largest of them
     cycle_s: float  # the decode cycle per output token
     tokens_per_step: float
-    read_s: float  # from a client's send to the scheduler's read that puts the request in a batch
+    wait_s: float  # from a client's send to the request joining a batch (the host time, the scheduler's reads)
 
 
 class Predictor:
@@ -101,7 +103,10 @@ class Predictor:
         self._shared = {} if shared is None else shared
         self._mixed = self.layout.options.scheduler.mixed_batches
         self._poll = self.layout.options.scheduler.poll_decode_steps
-        self._overlap = self.layout.options.overlap_schedule
+        lagged = self.layout.pp == 1  # serve/simulate: a pipeline reads once per micro-batch
+        self._lag_steps = (1 + self.layout.options.overlap_schedule) if lagged else 0
+        self._finished_step = lagged and self.layout.options.overlap_schedule
+        self._finished_step = self._finished_step and self.layout.options.scheduler.runs_finished_step
         self._steady: dict[tuple, _Running] = {}
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
@@ -146,7 +151,7 @@ class Predictor:
         # host time before the scheduler sees a request: each client's request takes that much longer, the engine's
         # batch taken as it is without it (exact at one client); under a queue at least as long as the requests in
         # that host flight, the time hides in the wait and the engine stays as full
-        host = max(self.steps.first_token_host_s, steady.read_s)  # the request waits out the longer
+        host = steady.wait_s
         if queued and concurrency - cap >= steady.output_tok_s / osl * host:
             host = 0.0
         return Prediction(
@@ -180,23 +185,29 @@ class Predictor:
         throughput = running * osl / (cycles * cycle + running * per_request)
         if decode_only or self._mixed or queued:
             # prefills spread between every request's tokens: the engine mixes them in, or requests queue for KV
-            # room and are admitted one by one as it frees up; a scheduler that reads new requests only every
-            # `poll` decode steps keeps each waiting half of those steps on average
-            first, between = alone + (self._poll - 1) / 2 * cycle_s * (running > 1), (running - 1) * per_request
+            # room and are admitted one by one as it frees up
+            first, between = alone, (running - 1) * per_request
         else:  # waves: the whole wave's prefill, the batches before a request's own in its TTFT, the rest after
             wave = running * per_request
             first = max(alone, (wave + batch) / 2)
             between = max(0.0, wave - first)
-        # a client sends its next request on its last token; the scheduler read before it handed that token out (a
-        # step earlier where it overlaps the GPU, and that step still runs): requests in step (one client, a wave,
-        # decode-only streams of one length) find the engine idle after that step and are read at once, requests out
-        # of step wait for the next read and its step; a queued request was read long before its turn (simulate)
-        in_step = running == 1 or decode_only or not self._mixed
-        read = 0.0 if queued else (self._overlap + (not in_step)) * cycle_s
+        wait = self._wait(running, isl, osl, cycle_s, in_step=running == 1 or decode_only or not self._mixed,
+                          queued=queued)  # fmt: skip
         tpot = cycle + between / steps
         breakdown = {**parts, "prefill": between / steps}
         bound = max(breakdown, key=breakdown.__getitem__)
-        return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens, read)
+        return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens, wait)
+
+    def _wait(self, running: int, isl: int, osl: int, step_s: float, *, in_step: bool, queued: bool) -> float:
+        """From a client's send to its request joining a batch (the module's docstring; serve/simulate): `step_s` is
+        a decode step of the running requests."""
+        host = self.steps.first_token_host_s
+        if queued or not self._lag_steps:
+            return host
+        if in_step:  # the step formed with the finished requests, at their last context
+            return max(host, self.steps.cycle(running, isl + osl)[0] if self._finished_step else 0.0)
+        # reads every `poll` decode steps, the first after the request came, then the step in flight if overlapped
+        return (math.floor(host / step_s) + (self._poll + 1) / 2 + self._lag_steps - 1) * step_s
 
     def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:
         return [self.predict(concurrency=c, isl=isl, osl=osl, decode_only=decode_only) for c in concurrencies]
