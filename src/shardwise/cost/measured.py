@@ -7,6 +7,8 @@ no table holds, stays on the roofline.
 
 from __future__ import annotations
 
+import math
+
 from shardwise.cost.roofline import Measured
 from shardwise.hardware.kernel_tables import (
     gemm_grid,
@@ -38,14 +40,14 @@ class MeasuredKernels:
             if grid is not None and found is not None:
                 return Measured(seconds=found[0], source=grid.source, extrapolated=found[1], release=grid.release)
         if op.mla_prefill is not None and "mla_prefill" in self.families:
+            # the tables timed whole prompts; a later chunk of `new` tokens also attends to the `cached` ones before
+            # it: timed as the whole prompt with as many query-key pairs, new × (cached + new / 2)
+            new, cached = op.new_tokens, op.context - op.new_tokens
+            same_pairs = math.sqrt(new * (2 * cached + new))
             grid = mla_prefill_grid(self.gpu, self.engine, self.release, op.mla_prefill)
-            found = grid.time_s(op.tokens, op.new_tokens) if grid is not None else None
+            found = grid.time_s(op.tokens, same_pairs) if grid is not None else None
             if grid is not None and found is not None:
-                # the tables timed whole prompts; a later chunk also attends to the `cached` tokens before it: its
-                # query-key pairs are (cached + new / 2) / (new / 2) times a whole prompt's, at the rate measured
-                half, cached = op.new_tokens / 2, op.context - op.new_tokens
-                seconds = found[0] * (cached + half) / half
-                return Measured(seconds=seconds, source=grid.source, extrapolated=found[1] or cached > 0,
+                return Measured(seconds=found[0], source=grid.source, extrapolated=found[1] or cached > 0,
                                 release=grid.release)  # fmt: skip
         if op.gqa_decode is not None and "gqa_decode" in self.families:
             grid = gqa_decode_grid(self.gpu, self.engine, self.release, op.gqa_decode)

@@ -4,11 +4,12 @@ which package version, which system each GPU is, and how our weight formats name
 This module owns the mapping from a shardwise op to a table row set: `moe_curve(gpu, engine, release, shape)`
 returns the measured latency of the routed-expert kernels of one shape against the tokens entering them, from
 the newest table release at or below the engine release modelled (or the oldest there is, flagged), or None
-when no table holds that shape; `mla_decode_grid`, `gqa_decode_grid` and `gemm_grid` do the same for decode
-attention over (batch, KV length) and dense GEMMs over (tokens, n, k). Lookups interpolate log-log between
-measured points; beyond the last one they scale linearly from it (flagged as extrapolated), except a windowed
-attention's length, which a window caps. Only the row set a run asks for is read, once per process; it is kept
-under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
+when no table holds that shape; `mla_decode_grid`, `gqa_decode_grid`, `mla_prefill_grid` and `gemm_grid` do the
+same for decode attention over (batch, KV length), MLA prefill attention over (prompts, prompt length) and dense
+GEMMs over (tokens, n, k). Lookups interpolate log-log between measured points; beyond the last one they scale
+linearly from it (flagged as extrapolated), except a windowed attention's length, which a window caps, and a
+prompt's length, whose attention grows as its square. Only the row set a run asks for is read, once per
+process; it is kept under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
 A folder of the user's own measurements in the same layout ($SHARDWISE_KERNEL_TABLES) is looked up first.
 """
 
@@ -40,10 +41,11 @@ class MoETables(BaseModel):
 
 
 class DecodeTables(BaseModel):
-    """A decode attention table (MLA or GQA) and its KV cache dtypes."""
+    """An attention table (MLA or GQA) and its KV cache dtypes."""
 
     table: str
     kv_dtypes: dict[str, str]  # KV bytes per element → the table's kv_cache_dtype
+    kernel_sources: list[str] | None = None  # the rows of these kernels only (None: every kernel's)
 
 
 class GemmTables(BaseModel):
@@ -164,7 +166,7 @@ class Grid:
     seconds: np.ndarray  # one dimension per axis
     source: str
     release: str
-    grows: tuple[bool, ...] = ()  # per axis: beyond its last value the time grows in proportion (else: flat)
+    grows: tuple[float, ...] = ()  # per axis: beyond its last value the time grows as its power (0: flat; default 1)
     scale_batch: bool = True  # a cell not measured: linear in batch from a smaller one (attention, not GEMMs)
 
     def time_s(self, *point: float) -> tuple[float, bool] | None:
@@ -191,15 +193,14 @@ class Grid:
 
     def _between(self, point: tuple[float, ...]) -> tuple[float, bool] | None:
         scale, beyond, lows, fractions = 1.0, False, [], []
-        grows = self.grows or (True,) * len(self.axes)
+        grows = self.grows or (1.0,) * len(self.axes)
         for value, logs, grow in zip(point, self._log_axes, grows, strict=True):
             log_v = math.log(max(float(value), 1.0))
             if log_v < logs[0]:
                 beyond, log_v = True, logs[0]
             if log_v > logs[-1]:
                 beyond = True
-                if grow:
-                    scale *= math.exp(log_v - logs[-1])
+                scale *= math.exp(grow * (log_v - logs[-1]))
                 log_v = logs[-1]
             i = min(max(bisect.bisect_left(logs, log_v) - 1, 0), max(len(logs) - 2, 0))
             j = min(i + 1, len(logs) - 1)
@@ -404,12 +405,14 @@ def mla_prefill_grid(gpu: str, engine: str, release: str, shape: MLAPrefillShape
     tables = spec().mla_prefill
     found = _decode_row_sets(gpu, engine, release, tables, "mla-prefill", MLA_PREFILL_COLUMNS, shape.kv_bytes)
     for label, table_release, rows in found:
-        keep = rows["num_heads"] == shape.heads
+        keep = (rows["num_heads"] == shape.heads) & np.isin(rows["kernel_source"], tables.kernel_sources)
         if keep.sum() < 4:
             continue
         kernel = str(rows["kernel_source"][keep][0])
         source = f"{label} context_mla_perf ({kernel})"
-        return _grid((rows["batch_size"][keep], rows["isl"][keep]), rows["latency"][keep], source, table_release)
+        # a whole prompt's query-key pairs grow as its length squared: past the longest measured, so does its time
+        coordinates = (rows["batch_size"][keep], rows["isl"][keep])
+        return _grid(coordinates, rows["latency"][keep], source, table_release, length_power=2.0)
     return None
 
 
@@ -421,18 +424,20 @@ def _grid(
     *,
     flat_from: float | None = None,
     scale_batch: bool = True,
+    length_power: float = 1.0,
 ) -> Grid:
-    """A grid of the measured cells (a key measured twice: its first row, as the package reads it). With
-    `flat_from` (a window's length), the last axis is a length the window caps: a batch measured at or past it
-    keeps that time at longer lengths; one measured only short of it is left to the batch scaling."""
+    """A grid of the measured cells (a key measured twice: its first row, as the package reads it). Beyond the last
+    value of the last axis, the time grows as its `length_power`. With `flat_from` (a window's length), the last
+    axis is a length the window caps: a batch measured at or past it keeps that time at longer lengths; one
+    measured only short of it is left to the batch scaling."""
     axes = tuple(np.unique(c) for c in coordinates)
     seconds = np.full(tuple(len(a) for a in axes), np.nan)
     index = np.stack([np.searchsorted(a, c) for a, c in zip(axes, coordinates, strict=True)], axis=1)
     _, first = np.unique(np.ravel_multi_index(tuple(index.T), seconds.shape), return_index=True)  # each cell's first
     seconds[tuple(index[first].T)] = latency_ms[first] / 1e3
-    grows = (True,) * len(axes)
+    grows = (*(1.0,) * (len(axes) - 1), length_power)
     if flat_from is not None:
-        grows = (*grows[:-1], False)
+        grows = (*grows[:-1], 0.0)
         rows = seconds.reshape(-1, len(axes[-1]))  # a view: the array is new and contiguous
         for row in rows:
             measured = np.flatnonzero(~np.isnan(row))
