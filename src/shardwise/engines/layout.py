@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from functools import cache
 from operator import attrgetter
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import Field, computed_field
 
@@ -275,6 +275,20 @@ class Layout(Frozen):
 
 _SHAPE = attrgetter(*(name for name in Layout.model_fields if name != "options"))
 _OPTIONS_BUT_FRACTION = attrgetter(*(name for name in EngineOptions.model_fields if name != "memory_fraction"))
+
+
+class Reads(NamedTuple):
+    """How a busy scheduler's reads of newly sent requests lag its steps (serve/simulate says why)."""
+
+    lagged: bool  # a request sent on a step's tokens misses the read after that step (a pipeline: it does not)
+    overlap: bool  # and joins the step after the one in flight, formed while the GPU runs it
+    runs_finished_step: bool  # the step formed with requests that had their last token still runs
+
+
+def reads(layout: Layout) -> Reads:
+    lagged = layout.pp == 1  # a pipeline reads once per micro-batch, far more often than once per cycle
+    overlap = lagged and layout.options.overlap_schedule
+    return Reads(lagged, overlap, overlap and layout.options.scheduler.runs_finished_step)
 
 
 def shape_key(layout: Layout) -> tuple:

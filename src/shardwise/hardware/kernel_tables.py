@@ -405,7 +405,9 @@ def mla_prefill_grid(gpu: str, engine: str, release: str, shape: MLAPrefillShape
     tables = spec().mla_prefill
     found = _decode_row_sets(gpu, engine, release, tables, "mla-prefill", MLA_PREFILL_COLUMNS, shape.kv_bytes)
     for label, table_release, rows in found:
-        keep = (rows["num_heads"] == shape.heads) & np.isin(rows["kernel_source"], tables.kernel_sources)
+        keep = rows["num_heads"] == shape.heads
+        if tables.kernel_sources is not None:
+            keep &= np.isin(rows["kernel_source"], tables.kernel_sources)
         if keep.sum() < 4:
             continue
         kernel = str(rows["kernel_source"][keep][0])

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardwise.cost.memory import MemoryLedger
-from shardwise.engines.layout import Layout, SchedulerPolicy
+from shardwise.engines.layout import Layout, SchedulerPolicy, reads
 from shardwise.errors import SpecError
 from shardwise.serve.requests import Requests, draw
 from shardwise.serve.steps import StepTimes
@@ -115,9 +115,7 @@ class Simulation:
         self.slots = memory.max_running_requests_per_rank or 1 << 30
         self.chunk = layout.options.chunked_prefill_tokens or 8192
         self.poll = self.policy.poll_decode_steps
-        self.lagged = layout.pp == 1  # reads lag a busy step (a pipeline reads once per micro-batch: it does not)
-        self.overlap = layout.options.overlap_schedule and self.lagged
-        self.runs_finished_step = self.overlap and self.policy.runs_finished_step
+        self.reads = reads(layout)
         self.tau = steps.tokens
         self.verify = steps.plan.verify_tokens if steps.plan else 1
 
@@ -188,7 +186,7 @@ class _Run:
         self.last_cycle = 0.0  # the last decode step's time
         self.last_step_s = 0.0  # the last step's time
         self.busy = False  # a step just ended and the engine goes on: its scheduler's read came before any reply
-        self.finished_step_s = 0.0  # the step the engine formed with the requests that last finished
+        self.last_finished: list[int] = []  # the requests that finished last: the step formed with them runs
         for _ in range(n if clients is None else min(clients, n)):
             self._send_next(0.0)
 
@@ -211,8 +209,8 @@ class _Run:
                 return
             seen_until -= (self.unread % self.sim.poll) * self.last_cycle
             self.unread %= self.sim.poll
-        busy = self.busy and self.sim.lagged
-        if busy and self.sim.overlap:
+        busy = self.busy and self.sim.reads.lagged
+        if busy and self.sim.reads.overlap:
             seen_until -= self.last_step_s
         seen_until += BEFORE_READ_S if busy else AT_READ_S
         while self.sends and self.sends[0][0] <= seen_until:
@@ -226,8 +224,7 @@ class _Run:
         if not finished:
             return
         rank.running = [i for i in rank.running if self.gen[i] < self.osl[i] - 1e-9]
-        if self.sim.runs_finished_step:  # the step formed with them, one more token each at their last context
-            self.finished_step_s = self.sim.steps.decode_s(len(finished) * self.sim.scale, self._context(finished))
+        self.last_finished = finished
         rank.held -= float(self._charge(self._kv(finished)).sum())
         for i in finished:
             self.finish[i] = self.t
@@ -403,7 +400,7 @@ class _Run:
         cycle = sim.steps.decode_s(busiest * sim.scale, context)
         if self.sends:  # up to the scheduler's first read that takes the next send: after it (a step later where it
             gap = (self.sends[0][0] - self.t) / cycle  # overlaps), or at the boundary it reaches (a pipeline)
-            sent = max(1, math.floor(gap) + 1 + int(sim.overlap) if sim.lagged else math.ceil(gap))
+            sent = max(1, math.floor(gap) + 1 + int(sim.reads.overlap) if sim.reads.lagged else math.ceil(gap))
             k = min(k, sent + (-(self.unread + sent)) % sim.poll)
         k = max(1, int(k))
         cycle = sim.steps.decode_s(busiest * sim.scale, context + (k - 1) / 2 * sim.tau)
@@ -459,8 +456,9 @@ class _Run:
             elif any(rank.running for rank in self.ranks):
                 self._span()
             elif self.sends:  # idle until the next request, read at once; an idle SGLang resets its reserve ratio
-                if self.sim.runs_finished_step and self.busy:
-                    self.t += self.finished_step_s  # the step it formed before the last tokens went out still runs
+                if self.sim.reads.runs_finished_step and self.busy:  # the step it formed with the last requests to
+                    ids = self.last_finished  # finish still runs, one more token each at their last context
+                    self.t += self.sim.steps.decode_s(len(ids) * self.sim.scale, self._context(ids))
                 self.t = max(self.t, self.sends[0][0])
                 self.unread = self.sim.poll
                 self.busy = False

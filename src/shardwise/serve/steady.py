@@ -49,7 +49,7 @@ from typing import NamedTuple
 from shardwise.cost.book import PriceBook
 from shardwise.cost.memory import MemoryLedger
 from shardwise.cost.step import StepCost
-from shardwise.engines.layout import Layout
+from shardwise.engines.layout import Layout, reads
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
@@ -103,10 +103,7 @@ class Predictor:
         self._shared = {} if shared is None else shared
         self._mixed = self.layout.options.scheduler.mixed_batches
         self._poll = self.layout.options.scheduler.poll_decode_steps
-        lagged = self.layout.pp == 1  # serve/simulate: a pipeline reads once per micro-batch
-        self._lag_steps = (1 + self.layout.options.overlap_schedule) if lagged else 0
-        self._finished_step = lagged and self.layout.options.overlap_schedule
-        self._finished_step = self._finished_step and self.layout.options.scheduler.runs_finished_step
+        self._reads = reads(self.layout)
         self._steady: dict[tuple, _Running] = {}
 
     def figures(self, concurrencies: Sequence[int], *, isl: int, osl: int) -> tuple[Prediction, ...]:
@@ -148,9 +145,9 @@ class Predictor:
             steady = self._steady[key] = self._running(running, isl, osl, queued=queued, decode_only=decode_only)
         e2e = concurrency * osl / steady.output_tok_s
         ttft = max(steady.least_ttft_s, e2e - (osl - 1) * steady.tpot_s)
-        # host time before the scheduler sees a request: each client's request takes that much longer, the engine's
-        # batch taken as it is without it (exact at one client); under a queue at least as long as the requests in
-        # that host flight, the time hides in the wait and the engine stays as full
+        # the wait before a request joins a batch: each client's request takes that much longer, the engine's batch
+        # taken as it is without it (exact at one client); under a queue at least as long as the requests in that
+        # host flight, the time hides in the wait and the engine stays as full
         host = steady.wait_s
         if queued and concurrency - cap >= steady.output_tok_s / osl * host:
             host = 0.0
@@ -201,13 +198,13 @@ class Predictor:
     def _wait(self, running: int, isl: int, osl: int, step_s: float, *, in_step: bool, queued: bool) -> float:
         """From a client's send to its request joining a batch (the module's docstring; serve/simulate): `step_s` is
         a decode step of the running requests."""
-        host = self.steps.first_token_host_s
-        if queued or not self._lag_steps:
+        host, lag = self.steps.first_token_host_s, self._reads
+        if queued or not lag.lagged:
             return host
         if in_step:  # the step formed with the finished requests, at their last context
-            return max(host, self.steps.cycle(running, isl + osl)[0] if self._finished_step else 0.0)
+            return max(host, self.steps.cycle(running, isl + osl)[0] if lag.runs_finished_step else 0.0)
         # reads every `poll` decode steps, the first after the request came, then the step in flight if overlapped
-        return (math.floor(host / step_s) + (self._poll + 1) / 2 + self._lag_steps - 1) * step_s
+        return (math.floor(host / step_s) + (self._poll + 1) / 2 + lag.overlap) * step_s
 
     def sweep(self, concurrencies: Sequence[int], *, isl: int, osl: int, decode_only: bool = False) -> list[Prediction]:
         return [self.predict(concurrency=c, isl=isl, osl=osl, decode_only=decode_only) for c in concurrencies]
