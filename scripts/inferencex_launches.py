@@ -36,7 +36,7 @@ KEPT = (
     "id", "provenance", "source", "model", "checkpoint", "precision", "gpu", "n_gpus", "framework",
     "framework_version", "spec_decoding", "tp", "ep", "dp_attention", "launch_script", "isl", "osl",
     "random_range_ratio", "dataset", "concurrency", "num_prompts", "num_warmups", "output_tok_s",
-    "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "date", "run_url", "notes",
+    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "date", "run_url", "notes",
 )  # fmt: skip
 
 # Programs a script may start: each is replaced by a recorder that writes one JSON line and succeeds.

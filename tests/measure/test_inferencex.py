@@ -84,6 +84,28 @@ def test_the_client_mismatch_applies_by_release_date_engine_and_checkpoint():
     assert mismatch.lengths({k: v for k, v in point.items() if k != "date"}) is None
 
 
+def test_a_run_without_warm_up_waits_for_its_cold_start_as_measured():
+    """ixapp-dsr1-1451 (B200 NVFP4 TP8 EP8, SGLang 0.5.5, 8k in / 1k out, 4 clients, 40 prompts, no warm-up
+    requests): its 99th-percentile TTFT is 73.5 s against a median of 225 ms, and it measured 240 tok/s where its
+    own median latencies give 4 clients about 470. Its first four requests waited for the engine's first-use
+    compilation: the replay holds the first step back by the time that p99 exceeds the warm simulation's, so the
+    run lasts that much longer. A warmed run (ixapp-dsr1-1642, 2 × 1 warm-up requests) waits for none, and neither
+    does a run whose first wave is 1 % of its requests or less (the percentile would not see it)."""
+    (row,) = [r for r in POINTS.rows if r.id == "ixapp-dsr1-1451"]
+    assert row.cold and row.p99_ttft_ms == 73476.19
+    cold, warm = check_row(row), check_row(row.model_copy(update={"cold": False}))
+    assert warm.cold_start_s == 0.0
+    assert cold.cold_start_s == pytest.approx(73.47619 - warm.simulated.ttft_s.p99, rel=1e-9)
+    assert cold.simulated.duration_s == pytest.approx(warm.simulated.duration_s + cold.cold_start_s, rel=1e-9)
+    assert cold.simulated.ttft_s.p99 == pytest.approx(73.47619, rel=0.01)
+    assert cold.simulated.tpot_s.p50 == pytest.approx(warm.simulated.tpot_s.p50, rel=1e-9)
+    assert abs(cold.error("output_tok_s")) < 0.05 < 0.5 < warm.error("output_tok_s")
+    (warmed,) = [r for r in POINTS.rows if r.id == "ixapp-dsr1-1642"]
+    assert not warmed.cold and check_row(warmed).cold_start_s == 0.0
+    few = row.model_copy(update={"num_prompts": 400})  # 4 clients: 1 % of 400 requests
+    assert check_row(few).cold_start_s == 0.0
+
+
 def test_release_is_read_from_the_image_tag():
     assert release_of("lmsysorg/sglang:v0.5.12-cu130") == "0.5.12"
     assert release_of("lmsysorg/sglang:v0.5.5.post3-rocm700-mi35x") == "0.5.5.post3"
@@ -116,16 +138,16 @@ def checked():
 # inferencex). A change that makes any of them worse by more than five points fails; one that makes them better
 # should lower the figure here and in the README.
 STATED = {
-    "all": {"output_tok_s": 0.20, "tpot_ms": 0.15, "ttft_ms": 0.36},
-    "split: training": {"output_tok_s": 0.23, "tpot_ms": 0.18, "ttft_ms": 0.36},
-    "split: held-out": {"output_tok_s": 0.18, "tpot_ms": 0.12, "ttft_ms": 0.37},
-    "GPU: b200": {"output_tok_s": 0.10, "tpot_ms": 0.08, "ttft_ms": 0.25},
+    "all": {"output_tok_s": 0.15, "tpot_ms": 0.15, "ttft_ms": 0.36},
+    "split: training": {"output_tok_s": 0.22, "tpot_ms": 0.18, "ttft_ms": 0.36},
+    "split: held-out": {"output_tok_s": 0.13, "tpot_ms": 0.12, "ttft_ms": 0.36},
+    "GPU: b200": {"output_tok_s": 0.07, "tpot_ms": 0.08, "ttft_ms": 0.24},
     "GPU: b300": {"output_tok_s": 0.08, "tpot_ms": 0.09, "ttft_ms": 0.25},
     "GPU: mi300x": {"output_tok_s": 0.53, "tpot_ms": 0.33, "ttft_ms": 0.50},
-    "GPU: mi325x": {"output_tok_s": 0.51, "tpot_ms": 0.33, "ttft_ms": 0.37},
+    "GPU: mi325x": {"output_tok_s": 0.50, "tpot_ms": 0.33, "ttft_ms": 0.37},
     "GPU: mi355x": {"output_tok_s": 0.17, "tpot_ms": 0.17, "ttft_ms": 0.37},
-    "family: sglang TP": {"output_tok_s": 0.23, "tpot_ms": 0.20, "ttft_ms": 0.39},
-    "family: sglang TP EP": {"output_tok_s": 0.10, "tpot_ms": 0.08, "ttft_ms": 0.21},
+    "family: sglang TP": {"output_tok_s": 0.21, "tpot_ms": 0.20, "ttft_ms": 0.39},
+    "family: sglang TP EP": {"output_tok_s": 0.06, "tpot_ms": 0.08, "ttft_ms": 0.18},
 }
 SLACK = 0.05
 
@@ -158,10 +180,15 @@ def test_each_split_holds_a_fair_share_of_the_rows(checked):
 
 def test_each_point_beyond_the_stated_accuracy_names_only_what_its_measurement_says(checked):
     """validate prices no mechanism again for hundreds of points: a point names what its source left open (the
-    prompts a broken client sent) and time its run spent without output (45 runs, all without warm-up requests)."""
+    prompts a broken client sent) and time its run spent without output. The runs without warm-up requests that
+    lost a minute or more to their cold start have that wait in their prediction, and it accounts for their idle
+    time (ixapp-dsr1-0682 waited 73 s); one run is left, MI355X on SGLang 0.5.2 on a day its steps took 31 ms where the
+    same recipe took 18.5 ms on the next three, idle for 55 s of which its p99 TTFT shows 3."""
     said = {c.row.id: [m.name for m in explain(c, checked, priced=False)] for c in checked}
     idle = sorted(i for i, names in said.items() if "time without output" in names)
-    assert len(idle) == 45 and "ixapp-dsr1-0682" in idle
+    assert idle == ["ixapp-dsr1-0488"]
+    (lost,) = [c for c in checked if c.row.id == "ixapp-dsr1-0682"]
+    assert lost.row.cold and lost.cold_start_s > 70 and abs(lost.error("output_tok_s")) < 0.1
     assert {n for names in said.values() for n in names} == {"time without output", "assumption"}
     assert all(("assumption" in said[c.row.id]) <= bool(c.row.assumed) for c in checked)
     assert "assumption" in said["ixapp-dsr1-1851"]  # B300 TP4, 8k in at 32 clients: tok/s still 49 % off

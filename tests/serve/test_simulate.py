@@ -46,8 +46,8 @@ def closed(c: int, n: int, isl: int = 1024, osl: int = 1024) -> WorkloadSpec:
 
 def _each(steps: StepTimes, memory, workload: WorkloadSpec) -> _Run:
     """A finished run, for each request's own times."""
-    run = _Run(Simulation(steps, memory), draw(workload), workload.concurrency, None,
-               decode_only=workload.decode_only, offline=workload.offline)  # fmt: skip
+    run = _Run(Simulation(steps, memory), draw(workload), workload.concurrency, None, decode_only=workload.decode_only,
+               offline=workload.offline, cold_start_s=workload.cold_start_s)  # fmt: skip
     run.loop()
     return run
 
@@ -79,6 +79,22 @@ def test_one_client_by_hand(kimi):
     ttft, e2e = run.first - run.arrive, run.finish - run.arrive
     assert ttft == pytest.approx([prefill, prefill + left_running, prefill + left_running], rel=1e-6)
     assert e2e == pytest.approx(ttft + cycles, rel=2e-3)
+
+
+def test_a_cold_start_holds_back_the_first_wave_by_hand(kimi):
+    """An engine that takes S seconds before its first step: the clients' first requests, sent at once, wait S more
+    for their first token; from there the run is the warm one S later (every later request, each TPOT, as they
+    were), so the run lasts S longer and its throughput is its tokens over that."""
+    steps, memory, _ = kimi
+    warm_w = closed(2, 6, isl=512, osl=64)
+    cold_w = warm_w.model_copy(update={"cold_start_s": 30.0})
+    warm, cold = _each(steps, memory, warm_w), _each(steps, memory, cold_w)
+    assert cold.arrive == pytest.approx(list(warm.arrive[:2]) + list(warm.arrive[2:] + 30.0), rel=1e-12)
+    assert cold.first - cold.arrive == pytest.approx(warm.first - warm.arrive + [30.0, 30.0, 0, 0, 0, 0], rel=1e-9)
+    assert cold.finish - cold.first == pytest.approx(warm.finish - warm.first, rel=1e-9)
+    w, c = simulate(steps, memory, warm_w), simulate(steps, memory, cold_w)
+    assert c.duration_s == pytest.approx(w.duration_s + 30.0, rel=1e-9)
+    assert c.output_tok_s == pytest.approx(6 * 64 / (w.duration_s + 30.0), rel=1e-9)
 
 
 def test_host_time_before_the_first_token_by_hand(kimi):

@@ -393,13 +393,15 @@ def _time_without_output(c: Checked) -> Mechanism | None:
         return None
     n, clients = w.mean_lengths[1], w.concurrency
     expected_tok_s = clients * n / ((row.ttft_ms + (n - 1) * row.tpot_ms) / 1e3)
-    if row.output_tok_s >= (1 - IDLE_SHARE) * expected_tok_s:
+    served_s = w.num_requests * n / expected_tok_s  # the run's duration had it never been idle
+    idle_s = w.num_requests * n / row.output_tok_s - served_s
+    if idle_s - c.cold_start_s <= IDLE_SHARE / (1 - IDLE_SHARE) * served_s:
         return None
-    idle_s = w.num_requests * n * (1 / row.output_tok_s - 1 / expected_tok_s)
+    held = f"serving and the run's cold start ({c.cold_start_s:,.0f} s)" if c.cold_start_s else "serving"
     return Mechanism(
         name="time without output",
         why=f"the run's own {row.latency} latencies give {clients} clients about {expected_tok_s:,.0f} tok/s, and "
         f"it measured {row.output_tok_s:,.0f}: about {idle_s:,.0f} s of its duration passed with no tokens to any "
         "client (a run without warm-up requests may spend its engine's first-use compilation and tuning there); "
-        "the prediction is of serving, not of that time",
+        f"the prediction is of {held}, not of the rest",
     )

@@ -9,7 +9,9 @@ bundled catalog, no recovered launch command, speculative decoding without a pub
 The client (InferenceX utils/bench_serving, closed loop): `--random-range-ratio r` draws each request's input and
 output length uniformly in [int(r × L), L]; `--num-prompts` requests (10 per client) under `--max-concurrency`
 clients, all sent at once; warm-up requests run before the timed ones on the same server, so the timed run starts
-from an idle engine, as simulated. TTFT and TPOT are the client's medians.
+from an idle engine, as simulated. Runs before 2026-01-21 sent none (`num_warmups` "none"): their first requests
+waited while the engine compiled and tuned its kernels on first use, which the run's 99th-percentile TTFT measured
+and the replay takes as measured (reference.py cold_start_s). TTFT and TPOT are the client's medians.
 
 Where the client's tokenizer disagreed with the engine's (data/measurements/inferencex_client.yaml: DeepSeek-R1
 under transformers 5, before InferenceX fixed its client), the engine received about five tokens for each prompt
@@ -40,7 +42,8 @@ from shardwise.spec.catalog import find_by_repo
 ENGINES = ("sglang", "vllm")
 COLUMNS = ("id", "model", "checkpoint", "gpu", "n_gpus", "framework", "framework_version", "spec_decoding")
 COLUMNS += ("isl", "osl", "concurrency", "num_prompts", "output_tok_s", "median_tpot_ms", "median_ttft_ms")
-COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")  # `date` too, where a file has it
+COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")  # `date`, `num_warmups`, `p99_ttft_ms`
+# too, where a file has them
 # Environment variables a launch sets that the model reads (the rest are listed per row as not modelled).
 MODELLED_ENV = frozenset({"CUDA_VISIBLE_DEVICES"})
 # Environment that says how Python finds packages, never how fast the engine runs.
@@ -185,6 +188,8 @@ def _row(p: dict[str, str]) -> ReferenceRow | str:
         output_tok_s=float(p["output_tok_s"]),
         tpot_ms=float(p["median_tpot_ms"]) if p["median_tpot_ms"] else None,
         ttft_ms=float(p["median_ttft_ms"]) if p["median_ttft_ms"] else None,
+        p99_ttft_ms=float(p["p99_ttft_ms"]) if p.get("p99_ttft_ms") else None,
+        cold=p.get("num_warmups", "").startswith("none"),
         latency="median",
         split_key=p["launch_script"].split("@")[0],
         not_modelled=tuple(env),

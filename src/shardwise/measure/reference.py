@@ -72,6 +72,12 @@ class ReferenceRow(Frozen):
     split_key: str | None = Field(None, description="what the training / held-out split is fixed by; default: source")
     not_modelled: tuple[str, ...] = Field((), description="what the run set that the prediction does not model")
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
+    cold: bool = Field(
+        False, description="the client sent no warm-up requests: its first met an engine that had served nothing yet"
+    )
+    p99_ttft_ms: float | None = Field(
+        None, gt=0, description="99th-percentile time to first token: on a cold run, what its first requests waited"
+    )
     peak: bool = Field(
         False,
         description="output_tok_s is the most the run reached over loads it does not record: predicted at the "
@@ -161,6 +167,7 @@ class Checked:
     cluster: ClusterSpec | None = None  # the GPUs as predicted
     step: StepCost | None = None  # the decode step at the run's mean batch
     kv_tokens: int | None = None  # KV pool per rank, in tokens
+    cold_start_s: float = 0.0  # what the run's first requests waited for an engine that had served nothing yet
     not_modelled: tuple[str, ...] = ()  # options and environment the run set that the prediction does not model
 
     @property
@@ -226,6 +233,10 @@ def check_row(
     workload = row.workload_spec()
     try:
         result = simulate(steps, memory, workload)
+        cold_s = cold_start_s(row, workload, result)
+        if cold_s > 0:
+            workload = workload.model_copy(update={"cold_start_s": cold_s})
+            result = simulate(steps, memory, workload)
     except SpecError as exc:  # a request the pool cannot hold
         return Checked(row=row, engine=layout.engine, problem=str(exc), layout_spec=layout, not_modelled=unread)
     ranks = max(1, memory.ranks)
@@ -243,8 +254,23 @@ def check_row(
         cluster=cluster,
         step=decode.step,
         kv_tokens=memory.kv_tokens_per_rank,
+        cold_start_s=cold_s,
         not_modelled=unread,
     )
+
+
+def cold_start_s(row: ReferenceRow, workload: WorkloadSpec, warm: ServeResult) -> float:
+    """What a run without warm-up requests spent before it served: an engine meets each kernel shape for the first
+    time on its first requests and compiles or tunes it then (JIT kernels, autotuners), a wait that depends on the
+    image, the kernels and the machine's caches, which no model of serving prices. The run measured it: all of
+    its first wave of clients wait, and when that wave is more than 1 % of the requests, the run's 99th-percentile
+    TTFT is one of theirs. So the wait is taken as the time that TTFT exceeds the one simulated on a warm engine
+    (`warm`); zero for a warmed run, a run that does not give it, or one whose first wave the percentile misses."""
+    if not row.cold or row.p99_ttft_ms is None or workload.concurrency is None:
+        return 0.0
+    if workload.concurrency <= 0.01 * workload.num_requests:
+        return 0.0
+    return max(0.0, row.p99_ttft_ms / 1e3 - warm.ttft_s.p99)
 
 
 PEAK_CLIENTS = tuple(2**i for i in range(13))  # 1 … 4096 clients, doubling: past its KV pool no setup predicts more

@@ -225,6 +225,7 @@ def validation_payload(v: Validation) -> dict[str, Any]:
                 "group": group_of_row(c),
                 "decode_coverage": c.coverage,
                 "accept_length": c.row.accept_length,
+                "cold_start_s": c.cold_start_s,
                 "split": split_of(c.row),
                 "latency_statistic": c.row.latency,
                 "not_modelled": list(c.not_modelled),

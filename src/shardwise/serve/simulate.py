@@ -25,6 +25,8 @@ prompt plus its output (SGLang holds back a decaying share of every running requ
 holds nothing back). When a decode step would not fit, requests go back to the queue (the one with the fewest
 output tokens first in SGLang, the newest in vLLM) and later prefill again what they had.
 
+A cold start (`WorkloadSpec.cold_start_s`) holds the engine's first step back: what arrives meanwhile waits.
+
 Ranks of one instance step together (the MoE layers synchronise them): a step lasts as long as its slowest
 rank. Replicas behind a router are independent: the simulation runs one, with every replicas-th request, and
 scales its throughput. Metrics follow the benchmark tools: TTFT and E2E from the send, TPOT per request
@@ -126,7 +128,8 @@ class Simulation:
         share = requests if self.replicas == 1 else _every(requests, self.replicas)
         clients = None if workload.concurrency is None else max(1, math.ceil(workload.concurrency / self.replicas))
         self._check_fits(share)
-        run = _Run(self, share, clients, progress, decode_only=workload.decode_only, offline=workload.offline)
+        run = _Run(self, share, clients, progress, decode_only=workload.decode_only, offline=workload.offline,
+                   cold_start_s=workload.cold_start_s)  # fmt: skip
         run.loop()
         return run.result(workload, self.replicas)
 
@@ -156,6 +159,7 @@ class _Run:
         *,
         decode_only: bool = False,
         offline: bool = False,
+        cold_start_s: float = 0.0,
     ):
         self.sim, self.progress, self.decode_only = sim, progress, decode_only
         # from a client's send to the scheduler seeing it; an in-process batch has no front end to cross
@@ -171,7 +175,7 @@ class _Run:
         self.finish = np.full(n, np.nan)
         self.stall = np.zeros(n)  # time since the last token spent on other requests' prefills
         self.ranks = [_Rank() for _ in range(sim.ranks_per_instance)]
-        self.t = 0.0
+        self.t = cold_start_s  # the engine's clock: its first step starts no sooner
         self.sends: list[tuple[float, int]] = []
         self.next_send = 0
         self.clients = clients

@@ -9,7 +9,9 @@ ends) and/or an open loop at `request_rate` requests per second with gamma-distr
 1 is Poisson; both tools call the shape parameter that). Rate `inf` sends everything at once: with no
 concurrency cap that is a burst of all the requests (the tools' default `--request-rate inf`). A decode-only
 workload has every prompt in the KV cache already (decode benchmarks that time only the decode steps): its
-requests hold their prompt's KV from the start and run no prefill.
+requests hold their prompt's KV from the start and run no prefill. A cold start delays the engine's first step:
+a server that has served nothing since it started compiles and tunes kernels on first use, and a benchmark without
+warm-up requests times that wait.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class WorkloadSpec(Frozen):
     )
     offline: bool = Field(
         False, description="handed to the engine in-process (bench_one_batch): no server front end before the scheduler"
+    )
+    cold_start_s: float = Field(
+        0.0, ge=0, description="seconds the engine takes before its first step (first-use compilation and tuning)"
     )
 
     @property
