@@ -1,6 +1,6 @@
 """Accuracy of the performance model on the bundled measurements, as `shardwise validate` reports it: the error
-of every row, per group and metric, beside the figures the README states (data/measurements/accuracy.yaml),
-and how long the validation takes.
+of every row, and per metric over every row of plain and of speculative decoding, beside the figure validate states
+over every validated row (serve/accuracy.py stated_median), and how long the validation takes.
 
 Run: python benchmarks/bench_accuracy.py   (prints the table; tests/measure/test_accuracy.py guards the medians;
 not a test)
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from shardwise.measure.reference import check_row, group_of_row, load_rows, summarise
+from shardwise.measure.reference import check_row, group_of_row, headline, load_rows
 from shardwise.serve.accuracy import stated_median
 
 
@@ -25,9 +25,9 @@ def main() -> None:
         share = "—" if c.coverage is None else f"{c.coverage['measured_share']:.0%}"
         print(f"{c.row.id:<11} {group_of_row(c):<14} {cells[0]:>9} {cells[1]:>9} {share:>7}")
     print()
-    for s in summarise(checked):
+    for s in headline(checked):
         stated = stated_median(s.group, s.metric)
-        said = "" if stated is None else f" (stated {stated:.0%})"
+        said = "" if stated is None else f" (over every validated row {stated:.0%})"
         print(f"{s.group} {s.metric}: median {s.median_ape:.1%}{said}, mean {s.mape:.1%} over {s.rows} rows")
     print(f"\n{len(checked)} rows predicted in {elapsed:.1f} s")
 

@@ -276,9 +276,7 @@ def test_bad_concurrency_is_one_line():
 def test_validate_reports_the_error_per_metric():
     payload = run_json("validate")
     metrics = {(s["group"], s["metric"]): s for s in payload["summary"]}
-    assert set(metrics) == {
-        (g, m) for g in ("plain", "speculative") for m in ("output_tok_s", "tpot_ms", "ttft_ms")
-    } | {("older release", "output_tok_s")}  # SGLang 0.4 rows report no TPOT or TTFT
+    assert set(metrics) == {(g, m) for g in ("plain", "speculative") for m in ("output_tok_s", "tpot_ms", "ttft_ms")}
     # the mean TTFT of the rows that report it, measured and predicted
     gt38 = next(r for r in payload["rows"] if r["id"] == "GT38")
     assert gt38["measured"]["ttft_ms"] == 4613 and gt38["predicted"]["ttft_ms"] > 0
@@ -287,10 +285,12 @@ def test_validate_reports_the_error_per_metric():
     assert all(r["group"] == "speculative" for r in spec_rows)  # all three from modelled releases
     assert metrics[("speculative", "output_tok_s")]["rows"] == len(spec_rows)
     measured = [r for r in payload["rows"] if not r["accept_length"] and r["measured"]["output_tok_s"]]
-    older = [r for r in measured if r["group"] == "older release"]
-    assert {r["workload"]["engine_version"] for r in older} == {"0.4.1.post2", "0.4.10.post1"}
-    assert metrics[("plain", "output_tok_s")]["rows"] == len(measured) - len(older)
-    assert metrics[("older release", "output_tok_s")]["rows"] == len(older)
+    # the headline is every row's: SGLang 0.4 rows count in it, and the breakdown shows them apart
+    assert metrics[("plain", "output_tok_s")]["rows"] == len(measured)
+    releases = {s["group"]: s for s in payload["breakdown"] if s["metric"] == "output_tok_s"}
+    older = [r for r in measured if r["workload"]["engine_version"] in ("0.4.1.post2", "0.4.10.post1")]
+    assert len(older) == 7 and all(r["group"] == "plain" for r in older)
+    assert releases["release: sglang 0.4.1.post2"]["rows"] + releases["release: sglang 0.4.10.post1"]["rows"] == 7
     assert all(r["predicted"]["output_tok_s"] for r in payload["rows"])  # every bundled row is covered
 
 

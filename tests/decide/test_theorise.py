@@ -15,6 +15,7 @@ from shardwise.decide.whatif import what_ifs
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
 from shardwise.report.theory import narrative
+from shardwise.serve.accuracy import stated_median
 from shardwise.spec.catalog import load_model
 from shardwise.spec.cluster import load_cluster
 from shardwise.spec.weights import weight_ledger
@@ -142,7 +143,8 @@ def test_an_extrapolated_family_wins_only_beyond_its_uncertainty(user_case, by_p
 def test_a_tie_goes_to_the_engine_defaults(user_case):
     # on the user's case CUDA graphs off and on predict the same at 512 clients: graphs stay on (the default)
     ranking = user_case.ranking
-    assert ranking.band == pytest.approx(0.14)  # the stated median error of output tok/s
+    # the stated median error of output tok/s, over every validated row (test_accuracy works it out by hand)
+    assert ranking.band == stated_median("plain", "output_tok_s") and 0.1 < ranking.band < 0.2
     assert "CUDA graphs off" not in ranking.best.candidate.options
     gains = {g.option: g for g in option_gains(ranking)}
     assert set(gains) == set(ranking.best.candidate.options)

@@ -147,7 +147,6 @@ def validate(
         load_rows,
         rank_agreement,
         rows_from_results,
-        summarise,
         validated_csv,
     )
     from shardwise.report import validation as report_validation
@@ -177,7 +176,7 @@ def validate(
     checked = [check_row(row) for row in rows]
     if record is not None:
         write_text(record, validated_csv(checked))
-    summary = summarise(checked) if measured == "publications" and not files else headline(checked)
+    summary = headline(checked)
     ranks = rank_agreement(checked)
     # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX
     # points (hundreds) are not priced again: each names only what its measurement itself says, where it says anything

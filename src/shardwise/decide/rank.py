@@ -8,9 +8,9 @@ Each prediction carries the confidence of its family (serve/accuracy.py: the err
 its engine and parallelism mechanisms). The best prediction does not win over a setup whose family was measured on
 this GPU with a smaller error unless its predicted gain exceeds its own uncertainty: an extrapolated mechanism must
 promise more than it may be off by. Variants of one layout (options on or off) share their family's error, so
-between them the model's stated error (its median error in output tok/s on published runs) decides: within it they
-are ties, broken toward the engine's defaults (the same layout with fewer non-default options), and the ranking says
-so.
+between them the model's stated error (its median error in output tok/s over every validated run) decides: within
+it they are ties, broken toward the engine's defaults (the same layout with fewer non-default options), and the
+ranking says so.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from shardwise.serve.steady import Prediction
 
 
 def tie_band() -> float:
-    """The relative gap under which two predictions are a tie: the stated median error of output tok/s."""
+    """The relative gap under which two predictions are a tie: the median tok/s error over every validated row."""
     return stated_median("plain", "output_tok_s") or 0.0
 
 

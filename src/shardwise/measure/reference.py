@@ -32,7 +32,7 @@ from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 from shardwise.measure.importers import MeasuredLevel
-from shardwise.serve.accuracy import GROUPS, METRICS, VALIDATED_COLUMNS, group_of, regime_of
+from shardwise.serve.accuracy import KINDS, METRICS, VALIDATED_COLUMNS, kind_of, regime_of
 from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steady import Predictor
 from shardwise.serve.steps import StepTimes
@@ -327,17 +327,8 @@ class ErrorSummary:
 
 
 def group_of_row(c: Checked) -> str:
-    """plain, speculative, or older release (measured on a release before the modelled range)."""
-    return group_of(c.engine, c.row.engine_version, speculative=c.row.accept_length is not None)
-
-
-def summarise(checked: list[Checked]) -> list[ErrorSummary]:
-    """Mean and median absolute percentage error per metric, for plain and speculative decoding apart, and for
-    rows from releases older than the modelled range apart from both."""
-    out = []
-    for group in GROUPS:
-        out += _summarise_group(group, [c for c in checked if group_of_row(c) == group])
-    return out
+    """plain or speculative decoding: the headline's two figures."""
+    return kind_of(speculative=c.row.accept_length is not None)
 
 
 def _summarise_group(group: str, checked: list[Checked]) -> list[ErrorSummary]:
@@ -362,8 +353,8 @@ def headline(checked: list[Checked]) -> list[ErrorSummary]:
     """The error of each metric over every row that has it: plain decoding, and speculative decoding apart (its
     figure also rests on the acceptance each row states)."""
     out = []
-    for kind in ("plain", "speculative"):
-        out += _summarise_group(kind, [c for c in checked if (c.row.accept_length is not None) == (kind != "plain")])
+    for kind in KINDS:
+        out += _summarise_group(kind, [c for c in checked if group_of_row(c) == kind])
     return out
 
 

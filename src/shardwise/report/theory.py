@@ -87,8 +87,8 @@ def narrative(t: Theory) -> list[str]:
     ties = [s for s in t.ranking.ties() if s is not t.ranking.preferred_over]
     if ties:
         lines.append(
-            f"Within {t.ranking.band:.0%} of it in the same family (a tie: the model's median error on published "
-            "runs): " + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + "."
+            f"Within {t.ranking.band:.0%} of it in the same family (a tie: the model's median error over every "
+            "validated run): " + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + "."
         )
     if t.ceiling:
         ce = t.ceiling
@@ -214,10 +214,10 @@ def _trust_line() -> str:
     tok, tpot = stated_median("plain", "output_tok_s"), stated_median("plain", "tpot_ms")
     ttft = stated_median("plain", "ttft_ms")
     return (
-        f"How far to trust the numbers: on published runs of SGLang and vLLM the predictions err by a median of "
-        f"{tok:.0%} in output tok/s, {tpot:.0%} in TPOT and {ttft:.0%} in TTFT (`shardwise validate`, which also says "
-        "what could explain each run far from its prediction); under bursts of hundreds of requests TPOT and TTFT "
-        "mostly come out low, and validate finds the gap in their prefill steps."
+        f"How far to trust the numbers: over every published run of SGLang and vLLM validate replays, the predictions "
+        f"err by a median of {tok:.0%} in output tok/s, {tpot:.0%} in TPOT and {ttft:.0%} in TTFT (`shardwise "
+        "validate --set all`, which also says what could explain each run far from its prediction); first tokens "
+        "mostly come out early."
     )
 
 

@@ -1,6 +1,7 @@
-"""The accuracy validate states (data/measurements/accuracy.yaml): which releases the model stands for, the
-group each measurement is summarised in, and when an error is beyond the stated figure; and the confidence each
-prediction carries: the errors validate measured on the rows of its family (data/measurements/validated.csv).
+"""The accuracy validate states: which releases the model stands for (data/measurements/accuracy.yaml), its median
+error per metric over every validated row (data/measurements/validated.csv, `validate --set all --record`), and
+when a row's error is beyond it; and the confidence each prediction carries: the errors validate measured on the
+rows of its family.
 
 A prediction's family is its engine and the parallelism mechanisms its layout uses (`Layout.family`), at a load
 regime. Its confidence comes from the validated rows of that family, looked for in this order: this GPU at this
@@ -24,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 
-GROUPS = ("plain", "speculative", "older release")
+KINDS = ("plain", "speculative")  # the headline's two figures per metric: speculative rows also rest on an acceptance
 
 
 class Modelled(Frozen):
@@ -32,15 +33,8 @@ class Modelled(Frozen):
     why: str
 
 
-class Stated(Frozen):
-    group: str
-    metric: str
-    median: float
-
-
 class AccuracyFile(Frozen):
     modelled_from: dict[str, Modelled]
-    stated: tuple[Stated, ...]
 
 
 @cache
@@ -60,22 +54,20 @@ def older_than_modelled(engine: str, release: str | None) -> Modelled | None:
         return None
 
 
-def group_of(engine: str, release: str | None, *, speculative: bool) -> str:
-    """plain or speculative; a release older than the modelled range is its own group."""
-    if older_than_modelled(engine, release) is not None:
-        return "older release"
+def kind_of(*, speculative: bool) -> str:
     return "speculative" if speculative else "plain"
 
 
-def stated_median(group: str, metric: str) -> float | None:
-    """The stated median error of a group and metric, or None where none is stated."""
-    return {(s.group, s.metric): s.median for s in accuracy().stated}.get((group, metric))
+@lru_cache(maxsize=16)
+def stated_median(kind: str, metric: str) -> float | None:
+    """The median absolute error of `metric` over every validated row of `kind` (plain or speculative decoding),
+    whatever its release, GPU or load: the figure validate states and the README quotes. None where no row has it."""
+    return _median_abs([r for r in validated_rows() if r.kind == kind], metric)
 
 
 def beyond_stated(error: float | None, metric: str, *, speculative: bool) -> bool:
-    """Whether an error exceeds the accuracy the model states for this kind of decoding (plain or speculative):
-    a row from an older release is held to the same figure as the rest."""
-    figure = stated_median("speculative" if speculative else "plain", metric)
+    """Whether an error exceeds the accuracy the model states for this kind of decoding (plain or speculative)."""
+    figure = stated_median(kind_of(speculative=speculative), metric)
     return error is not None and figure is not None and abs(error) > figure
 
 
@@ -100,6 +92,10 @@ class ValidatedRow:
     regime: str
     gpu: str
     errors: dict[str, float | None]  # signed (predicted − measured) / measured, by metric
+
+    @property
+    def kind(self) -> str:
+        return kind_of(speculative="speculative" in self.family.split())
 
 
 def validated_path() -> Path:
