@@ -82,9 +82,10 @@ def test_one_client_by_hand(kimi):
 
 
 def test_a_cold_start_holds_back_the_first_wave_by_hand(kimi):
-    """An engine that takes S seconds before its first step: the clients' first requests, sent at once, wait S more
-    for their first token; from there the run is the warm one S later (every later request, each TPOT, as they
-    were), so the run lasts S longer and its throughput is its tokens over that."""
+    """An engine that spends S seconds on its first request before it steps: the clients' first requests, sent at
+    once, wait S more for their first token; from there the run is the warm one S later (every later request, each
+    TPOT, as they were), so the run lasts S longer and its throughput is its tokens over that. With a host time before
+    the scheduler sees a request, the wait starts when the first one reaches it: the shift is S all the same."""
     steps, memory, _ = kimi
     warm_w = closed(2, 6, isl=512, osl=64)
     cold_w = warm_w.model_copy(update={"cold_start_s": 30.0})
@@ -95,6 +96,14 @@ def test_a_cold_start_holds_back_the_first_wave_by_hand(kimi):
     w, c = simulate(steps, memory, warm_w), simulate(steps, memory, cold_w)
     assert c.duration_s == pytest.approx(w.duration_s + 30.0, rel=1e-9)
     assert c.output_tok_s == pytest.approx(6 * 64 / (w.duration_s + 30.0), rel=1e-9)
+    # the wait starts when the first request reaches the scheduler: a host time before it delays it as much
+    cluster = steps.target.cluster.calibrated(
+        Calibration(gpu=steps.target.cluster.gpu.name, constants={"first_token_host_s": 0.1}, fitted_on=())
+    )
+    checked = check_command(KIMI_EP8, cluster=cluster)
+    slow = StepTimes(checked.model, checked.setup.layout, cluster)
+    warm, cold = _each(slow, memory, warm_w), _each(slow, memory, cold_w)
+    assert cold.first - cold.arrive == pytest.approx(warm.first - warm.arrive + [30.0, 30.0, 0, 0, 0, 0], rel=1e-9)
 
 
 def test_host_time_before_the_first_token_by_hand(kimi):

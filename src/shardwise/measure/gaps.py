@@ -397,7 +397,7 @@ def _time_without_output(c: Checked) -> Mechanism | None:
     idle_s = w.num_requests * n / row.output_tok_s - served_s
     if idle_s - c.cold_start_s <= IDLE_SHARE / (1 - IDLE_SHARE) * served_s:
         return None
-    held = f"serving and the run's cold start ({c.cold_start_s:,.0f} s)" if c.cold_start_s else "serving"
+    held = f"serving and the run's cold start ({c.cold_start_s:,.1f} s)" if c.cold_start_s else "serving"
     return Mechanism(
         name="time without output",
         why=f"the run's own {row.latency} latencies give {clients} clients about {expected_tok_s:,.0f} tok/s, and "

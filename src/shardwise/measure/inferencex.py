@@ -11,7 +11,8 @@ output length uniformly in [int(r × L), L]; `--num-prompts` requests (10 per cl
 clients, all sent at once; warm-up requests run before the timed ones on the same server, so the timed run starts
 from an idle engine, as simulated. Runs before 2026-01-21 sent none (`num_warmups` "none"): their first requests
 waited while the engine compiled and tuned its kernels on first use, which the run's 99th-percentile TTFT measured
-and the replay takes as measured (reference.py cold_start_s). TTFT and TPOT are the client's medians.
+and the replay takes as measured where it is unambiguous (reference.py cold_wait). TTFT and TPOT are the client's
+medians.
 
 Where the client's tokenizer disagreed with the engine's (data/measurements/inferencex_client.yaml: DeepSeek-R1
 under transformers 5, before InferenceX fixed its client), the engine received about five tokens for each prompt
@@ -42,8 +43,8 @@ from shardwise.spec.catalog import find_by_repo
 ENGINES = ("sglang", "vllm")
 COLUMNS = ("id", "model", "checkpoint", "gpu", "n_gpus", "framework", "framework_version", "spec_decoding")
 COLUMNS += ("isl", "osl", "concurrency", "num_prompts", "output_tok_s", "median_tpot_ms", "median_ttft_ms")
-COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")  # `date`, `num_warmups`, `p99_ttft_ms`
-# too, where a file has them
+COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")
+# read where a file has them: `date`, `num_warmups`, `p99_ttft_ms`
 # Environment variables a launch sets that the model reads (the rest are listed per row as not modelled).
 MODELLED_ENV = frozenset({"CUDA_VISIBLE_DEVICES"})
 # Environment that says how Python finds packages, never how fast the engine runs.

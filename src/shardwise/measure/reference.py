@@ -76,7 +76,13 @@ class ReferenceRow(Frozen):
         False, description="the client sent no warm-up requests: its first met an engine that had served nothing yet"
     )
     p99_ttft_ms: float | None = Field(
-        None, gt=0, description="99th-percentile time to first token: on a cold run, what its first requests waited"
+        None, gt=0, description="99th-percentile time to first token (a cold run's first requests' wait shows in it)"
+    )
+    cold_start_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="what a cold run's first requests waited for the engine (none: the replay finds it, cold_wait)",
     )
     peak: bool = Field(
         False,
@@ -137,6 +143,7 @@ class ReferenceRow(Frozen):
             concurrency=clients,
             request_rate=rate,
             offline=self.benchmark == "one_batch",
+            cold_start_s=self.cold_start_s or 0.0,
         )
 
     def load_text(self) -> str:
@@ -167,8 +174,12 @@ class Checked:
     cluster: ClusterSpec | None = None  # the GPUs as predicted
     step: StepCost | None = None  # the decode step at the run's mean batch
     kv_tokens: int | None = None  # KV pool per rank, in tokens
-    cold_start_s: float = 0.0  # what the run's first requests waited for an engine that had served nothing yet
     not_modelled: tuple[str, ...] = ()  # options and environment the run set that the prediction does not model
+
+    @property
+    def cold_start_s(self) -> float:
+        """What the run's first requests waited for an engine that had served nothing yet."""
+        return self.row.cold_start_s or 0.0
 
     @property
     def layout(self) -> str | None:
@@ -233,10 +244,11 @@ def check_row(
     workload = row.workload_spec()
     try:
         result = simulate(steps, memory, workload)
-        cold_s = cold_start_s(row, workload, result)
-        if cold_s > 0:
-            workload = workload.model_copy(update={"cold_start_s": cold_s})
-            result = simulate(steps, memory, workload)
+        if row.cold_start_s is None:  # found once, then kept: a what-if on the row replays the same wait
+            row = row.model_copy(update={"cold_start_s": cold_wait(row, workload, result)})
+            if row.cold_start_s:
+                workload = row.workload_spec()
+                result = simulate(steps, memory, workload)
     except SpecError as exc:  # a request the pool cannot hold
         return Checked(row=row, engine=layout.engine, problem=str(exc), layout_spec=layout, not_modelled=unread)
     ranks = max(1, memory.ranks)
@@ -254,21 +266,27 @@ def check_row(
         cluster=cluster,
         step=decode.step,
         kv_tokens=memory.kv_tokens_per_rank,
-        cold_start_s=cold_s,
         not_modelled=unread,
     )
 
 
-def cold_start_s(row: ReferenceRow, workload: WorkloadSpec, warm: ServeResult) -> float:
+def cold_wait(row: ReferenceRow, workload: WorkloadSpec, warm: ServeResult) -> float:
     """What a run without warm-up requests spent before it served: an engine meets each kernel shape for the first
     time on its first requests and compiles or tunes it then (JIT kernels, autotuners), a wait that depends on the
-    image, the kernels and the machine's caches, which no model of serving prices. The run measured it: all of
-    its first wave of clients wait, and when that wave is more than 1 % of the requests, the run's 99th-percentile
-    TTFT is one of theirs. So the wait is taken as the time that TTFT exceeds the one simulated on a warm engine
-    (`warm`); zero for a warmed run, a run that does not give it, or one whose first wave the percentile misses."""
-    if not row.cold or row.p99_ttft_ms is None or workload.concurrency is None:
+    image, the kernels and the machine's caches, which no model of serving prices. The run measured it: all of its
+    first wave of clients wait, and the client's 99th-percentile TTFT (interpolated between two requests' TTFTs)
+    is one of theirs when both of those are. It is taken as the time that TTFT exceeds the one simulated on a warm
+    engine (`warm`), where it is unambiguous: longer than a request of the run took from send to last token (its
+    median TTFT and osl − 1 median TPOTs), which no warm run's first token waits. Elsewhere the percentile is the
+    run's ordinary tail (and the model's error on it), and the wait zero; so for a warmed run and one that does not
+    say."""
+    c, n = workload.concurrency, workload.num_requests
+    if not row.cold or None in (row.p99_ttft_ms, row.ttft_ms, row.tpot_ms) or c is None:
         return 0.0
-    if workload.concurrency <= 0.01 * workload.num_requests:
+    if math.floor(0.99 * (n - 1)) < n - min(c, n):  # numpy's p99 reaches below the first wave
+        return 0.0
+    request_ms = row.ttft_ms + (row.osl - 1) * row.tpot_ms
+    if row.p99_ttft_ms <= request_ms:
         return 0.0
     return max(0.0, row.p99_ttft_ms / 1e3 - warm.ttft_s.p99)
 

@@ -25,7 +25,8 @@ prompt plus its output (SGLang holds back a decaying share of every running requ
 holds nothing back). When a decode step would not fit, requests go back to the queue (the one with the fewest
 output tokens first in SGLang, the newest in vLLM) and later prefill again what they had.
 
-A cold start (`WorkloadSpec.cold_start_s`) holds the engine's first step back: what arrives meanwhile waits.
+A cold start (`WorkloadSpec.cold_start_s`) holds the engine's first step back by that long after the first request
+reaches the scheduler: what arrives meanwhile waits.
 
 Ranks of one instance step together (the MoE layers synchronise them): a step lasts as long as its slowest
 rank. Replicas behind a router are independent: the simulation runs one, with every replicas-th request, and
@@ -175,7 +176,7 @@ class _Run:
         self.finish = np.full(n, np.nan)
         self.stall = np.zeros(n)  # time since the last token spent on other requests' prefills
         self.ranks = [_Rank() for _ in range(sim.ranks_per_instance)]
-        self.t = cold_start_s  # the engine's clock: its first step starts no sooner
+        self.t = 0.0
         self.sends: list[tuple[float, int]] = []
         self.next_send = 0
         self.clients = clients
@@ -193,6 +194,8 @@ class _Run:
         self.last_finished: list[int] = []  # the requests that finished last: the step formed with them runs
         for _ in range(n if clients is None else min(clients, n)):
             self._send_next(0.0)
+        if cold_start_s and self.sends:  # the engine meets its first request, then spends its cold start
+            self.t = self.sends[0][0] + cold_start_s
 
     # --- arrivals and completions ------------------------------------------------------------------------
 

@@ -81,7 +81,10 @@ class WorkloadSpec(Frozen):
         False, description="handed to the engine in-process (bench_one_batch): no server front end before the scheduler"
     )
     cold_start_s: float = Field(
-        0.0, ge=0, description="seconds the engine takes before its first step (first-use compilation and tuning)"
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds the engine spends on its first request before it steps (first-use compilation, tuning)",
     )
 
     @property
