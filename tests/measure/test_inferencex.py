@@ -14,6 +14,7 @@ from shardwise.errors import SpecError
 from shardwise.measure.gaps import explain
 from shardwise.measure.inferencex import bundled_path, client_mismatch, read_points, release_of
 from shardwise.measure.reference import breakdown, check_row, headline, load_rows, split_of, validated_csv
+from shardwise.report.validation import _cold_lines
 from shardwise.serve.accuracy import validated_path
 
 POINTS = read_points()
@@ -184,6 +185,14 @@ def test_each_split_holds_a_fair_share_of_the_rows(checked):
     MI355X's FP8 recipes fall in the held-out split."""
     sizes = {split: sum(split_of(c.row) == split for c in checked) for split in ("training", "held-out")}
     assert min(sizes.values()) >= 0.3 * len(checked)
+
+
+def test_validate_says_how_many_predictions_hold_a_measured_cold_start(checked):
+    waits = [c.cold_start_s for c in checked if c.cold_start_s]
+    assert len(waits) == 82 and all(c.row.cold for c in checked if c.cold_start_s)
+    (line,) = _cold_lines(checked)
+    assert line.plain.startswith("82 runs without warm-up requests waited for the engine's first-use compilation (")
+    assert f"{min(waits):,.0f}–{max(waits):,.0f} s" in line.plain
 
 
 def test_each_point_beyond_the_stated_accuracy_names_only_what_its_measurement_says(checked):

@@ -120,6 +120,20 @@ def _skipped_lines(skipped: list[Skipped]) -> list[Text]:
     return lines
 
 
+def _cold_lines(checked: list[Checked]) -> list[Text]:
+    """How many predictions hold a wait taken from their own run (reference.py cold_wait), and how long."""
+    waits = sorted(c.cold_start_s for c in checked if c.cold_start_s)
+    if not waits:
+        return []
+    return [
+        Text(
+            f"{len(waits)} run{'s' * (len(waits) != 1)} without warm-up requests waited for the engine's first-use "
+            f"compilation ({waits[0]:,.0f}–{waits[-1]:,.0f} s, their p99 TTFT beyond the warm simulation's): their "
+            "predictions hold that wait as measured (cold_start_s in --json)"
+        )
+    ]
+
+
 def validation_view(v: Validation) -> Group:
     parts: list[Any] = []
     if len(v.checked) <= ROWS_SHOWN:
@@ -128,6 +142,7 @@ def validation_view(v: Validation) -> Group:
     if len(v.checked) > ROWS_SHOWN:
         parts.append(breakdown_table(v.breakdown))
     parts.append(Text(_ranks_line(v.ranks)))
+    parts += _cold_lines(v.checked)
     parts += _skipped_lines(v.skipped)
     gap_text = gap_lines(v.checked, v.gaps)
     if gap_text:
