@@ -190,7 +190,7 @@ def _rows_table(checked: list[Checked]) -> Table:
         )
     table.caption = (
         "tables = share of a decode step at the run's mean batch priced from measured kernel tables; "
-        "! = beyond the stated accuracy (the plain or speculative median below)"
+        "! = beyond the stated accuracy (the plain or speculative median over every row validate --set all predicts)"
     )
     return table
 
