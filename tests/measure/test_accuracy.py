@@ -10,7 +10,7 @@ import pytest
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.measure.reference import PEAK_CLIENTS, ReferenceRow, check_row, headline, load_rows, rank_agreement
-from shardwise.serve.accuracy import stated_median, validated_rows
+from shardwise.serve.accuracy import beyond_stated, stated_median, validated_rows
 from shardwise.serve.steady import Predictor
 from shardwise.serve.steps import StepTimes
 from shardwise.spec.catalog import load_model
@@ -63,6 +63,14 @@ def test_the_stated_accuracy_is_the_median_over_every_validated_row():
     middle = len(errors) // 2
     by_hand = errors[middle] if len(errors) % 2 else (errors[middle - 1] + errors[middle]) / 2
     assert len(errors) >= 700 and stated_median("plain", "output_tok_s") == pytest.approx(by_hand)
+
+
+def test_a_row_at_the_median_is_not_beyond_it():
+    """validated.csv keeps four decimals: a row whose error is the median (GT21 alone gives speculative TPOT) is
+    compared at that precision, so it is not beyond its own figure; a hundredth more is."""
+    figure = stated_median("speculative", "tpot_ms")
+    assert not beyond_stated(-(figure + 4e-5), "tpot_ms", speculative=True)
+    assert beyond_stated(-(figure + 0.01), "tpot_ms", speculative=True)
 
 
 def test_rank_agreement_does_not_fall_below_the_stated_four_of_seven(checked):

@@ -1,12 +1,12 @@
 """Why a measurement sits far from its prediction: the mechanisms shardwise knows, each priced where the model
 can price it.
 
-A row is beyond the stated accuracy when a metric's error exceeds the median error validate states for its
-kind of decoding (data/measurements/accuracy.yaml). For such a row every mechanism whose conditions hold is
-named. One the model can price comes with the prediction it gives: the row predicted again with that one
-input changed (peer-to-peer transfers off, the roofline instead of the kernel tables, the launch cost that
-would give the measured speed), and with what the same change does to the other rows measured on the same
-machine by the same source, which the change must not break to be a likely cause. A priced mechanism that
+A row is beyond the stated accuracy when a metric's error exceeds the median error over every row `validate --set
+all` predicts of its kind of decoding (serve/accuracy.py stated_median). For such a row every mechanism whose
+conditions hold is named. One the model can price comes with the prediction it gives: the row predicted again
+with that one input changed (peer-to-peer transfers off, the roofline instead of the kernel tables, the launch
+cost that would give the measured speed), and with what the same change does to the other rows measured on the
+same machine by the same source, which the change must not break to be a likely cause. A priced mechanism that
 moves the prediction away from the measurement cannot explain the gap and is left out.
 """
 

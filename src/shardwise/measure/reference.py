@@ -32,7 +32,7 @@ from shardwise.errors import SpecError
 from shardwise.frozen import Frozen
 from shardwise.hardware.load import read_yaml, validate
 from shardwise.measure.importers import MeasuredLevel
-from shardwise.serve.accuracy import KINDS, METRICS, VALIDATED_COLUMNS, kind_of, regime_of
+from shardwise.serve.accuracy import ERROR_DIGITS, KINDS, METRICS, VALIDATED_COLUMNS, kind_of, regime_of
 from shardwise.serve.simulate import ServeResult, simulate
 from shardwise.serve.steady import Predictor
 from shardwise.serve.steps import StepTimes
@@ -417,7 +417,7 @@ def validated_csv(checked: list[Checked]) -> str:
         errors = [c.error(m) for m in METRICS]
         if c.layout_spec is None or c.cluster is None or all(e is None for e in errors):
             continue
-        cells = ["" if e is None else f"{e:.4f}" for e in errors]
+        cells = ["" if e is None else f"{e:.{ERROR_DIGITS}f}" for e in errors]
         writer.writerow([c.row.id, c.engine, c.layout_spec.family(), load_of(c.row), c.cluster.gpu.name, *cells])
     return out.getvalue()
 
