@@ -115,6 +115,20 @@ def test_a_run_without_warm_up_waits_for_its_cold_start_as_measured():
     assert len(cold_rows) > 400 and sum(r.p99_ttft_ms > r.ttft_ms + (r.osl - 1) * r.tpot_ms for r in cold_rows) < 100
 
 
+def test_a_cell_that_is_not_a_number_is_one_clear_error(tmp_path):
+    with bundled_path().open(newline="") as f:
+        reader = csv.DictReader(f)
+        point = next(p for p in reader if p["id"] == "ixapp-dsr1-1451")
+        fields = reader.fieldnames
+    bad = tmp_path / "points.csv"
+    with bad.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerow({**point, "p99_ttft_ms": "abc"})
+    with pytest.raises(SpecError, match="point ixapp-dsr1-1451: could not convert string to float: 'abc'"):
+        read_points(bad)
+
+
 def test_release_is_read_from_the_image_tag():
     assert release_of("lmsysorg/sglang:v0.5.12-cu130") == "0.5.12"
     assert release_of("lmsysorg/sglang:v0.5.5.post3-rocm700-mi35x") == "0.5.5.post3"

@@ -383,20 +383,29 @@ def _decode_row_sets(
         yield f"{label} {system} {engine} {table_release}", table_release, rows
 
 
+def _mla_rows(found, heads: int, kernel_sources: list[str] | None = None):
+    """The first MLA row set holding `heads` local heads (of `kernel_sources`, where given) at four points or more:
+    (its label, its release, its rows, which rows, their kernel), or None."""
+    for label, table_release, rows in found:
+        keep = rows["num_heads"] == heads
+        if kernel_sources is not None:
+            keep &= np.isin(rows["kernel_source"], kernel_sources)
+        if keep.sum() >= 4:
+            return label, table_release, rows, keep, str(rows["kernel_source"][keep][0])
+    return None
+
+
 @cache
 def mla_decode_grid(gpu: str, engine: str, release: str, shape: MLADecodeShape) -> Grid | None:
     """The measured MLA decode attention of `shape` on `gpu` over (batch, KV length), or None."""
-    tables = spec().mla_decode
-    found = _decode_row_sets(gpu, engine, release, tables, "mla", MLA_COLUMNS, shape.kv_bytes)
-    for label, table_release, rows in found:
-        keep = rows["num_heads"] == shape.heads
-        if keep.sum() < 4:
-            continue
-        kernel = str(rows["kernel_source"][keep][0])
-        source = f"{label} generation_mla_perf ({kernel})"
-        # `step` tokens were cached before this one
-        return _grid((rows["batch_size"][keep], rows["step"][keep] + 1), rows["latency"][keep], source, table_release)
-    return None
+    found = _decode_row_sets(gpu, engine, release, spec().mla_decode, "mla", MLA_COLUMNS, shape.kv_bytes)
+    chosen = _mla_rows(found, shape.heads)
+    if chosen is None:
+        return None
+    label, table_release, rows, keep, kernel = chosen
+    # `step` tokens were cached before this one
+    coordinates = (rows["batch_size"][keep], rows["step"][keep] + 1)
+    return _grid(coordinates, rows["latency"][keep], f"{label} generation_mla_perf ({kernel})", table_release)
 
 
 @cache
@@ -404,18 +413,14 @@ def mla_prefill_grid(gpu: str, engine: str, release: str, shape: MLAPrefillShape
     """The measured MLA prefill attention of `shape` on `gpu` over (prompts, prompt length), or None."""
     tables = spec().mla_prefill
     found = _decode_row_sets(gpu, engine, release, tables, "mla-prefill", MLA_PREFILL_COLUMNS, shape.kv_bytes)
-    for label, table_release, rows in found:
-        keep = rows["num_heads"] == shape.heads
-        if tables.kernel_sources is not None:
-            keep &= np.isin(rows["kernel_source"], tables.kernel_sources)
-        if keep.sum() < 4:
-            continue
-        kernel = str(rows["kernel_source"][keep][0])
-        source = f"{label} context_mla_perf ({kernel})"
-        # a whole prompt's query-key pairs grow as its length squared: past the longest measured, so does its time
-        coordinates = (rows["batch_size"][keep], rows["isl"][keep])
-        return _grid(coordinates, rows["latency"][keep], source, table_release, length_power=2.0)
-    return None
+    chosen = _mla_rows(found, shape.heads, tables.kernel_sources)
+    if chosen is None:
+        return None
+    label, table_release, rows, keep, kernel = chosen
+    # a whole prompt's query-key pairs grow as its length squared: past the longest measured, so does its time
+    coordinates = (rows["batch_size"][keep], rows["isl"][keep])
+    source = f"{label} context_mla_perf ({kernel})"
+    return _grid(coordinates, rows["latency"][keep], source, table_release, length_power=2.0)
 
 
 def _grid(

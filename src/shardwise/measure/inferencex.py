@@ -141,7 +141,13 @@ def read_points(path: Path | None = None) -> Points:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
     rows, skipped = [], []
     for point in points:
-        row = _row(point)
+        try:
+            row = _row(point)
+        except ValueError as exc:  # a cell that is not a number where one is needed (pydantic's errors included)
+            reason = str(exc).splitlines()[0]
+            raise SpecError(
+                f"{path}: point {point.get('id') or '?'}: {reason}; give numbers in its numeric columns"
+            ) from None
         if isinstance(row, str):
             skipped.append(Skipped(id=point["id"], reason=row))
         else:
