@@ -16,6 +16,8 @@ from shardwise.measure.inferencex import bundled_path, client_mismatch, read_poi
 from shardwise.measure.reference import breakdown, check_row, headline, load_rows, split_of, validated_csv
 from shardwise.report.validation import _cold_lines
 from shardwise.serve.accuracy import validated_path
+from shardwise.serve.steps import StepTimes
+from shardwise.spec.catalog import load_model
 
 POINTS = read_points()
 
@@ -99,9 +101,14 @@ def test_a_run_without_warm_up_waits_for_its_cold_start_as_measured():
     cold, warm = check_row(row), check_row(row.model_copy(update={"cold": False}))
     assert warm.cold_start_s == 0.0
     assert cold.cold_start_s == pytest.approx(73.47619 - warm.simulated.ttft_s.p99, rel=1e-9)
-    assert cold.simulated.duration_s == pytest.approx(warm.simulated.duration_s + cold.cold_start_s, rel=1e-9)
+    # the cold run lasts that much longer, less what its wait saves: the first wave's text prompts all reach the
+    # scheduler while it waits, where a warm engine takes the first alone and the rest after it
+    saved = warm.simulated.duration_s + cold.cold_start_s - cold.simulated.duration_s
+    steps = StepTimes(load_model(row.model), warm.layout_spec, warm.cluster)
+    assert 0 < saved < steps.prefill_s(1, row.isl, 0)
     assert cold.simulated.ttft_s.p99 == pytest.approx(73.47619, rel=0.01)
-    assert cold.simulated.tpot_s.p50 == pytest.approx(warm.simulated.tpot_s.p50, rel=1e-9)
+    # TPOT as it was, but for that first wave prefilled together (its requests then run in step: 5 parts in 10^6)
+    assert cold.simulated.tpot_s.p50 == pytest.approx(warm.simulated.tpot_s.p50, rel=1e-4)
     assert abs(cold.error("output_tok_s")) < 0.05 < 0.5 < warm.error("output_tok_s")
     (warmed,) = [r for r in POINTS.rows if r.id == "ixapp-dsr1-1642"]
     assert not warmed.cold and check_row(warmed).cold_start_s == 0.0
@@ -162,15 +169,15 @@ def checked():
 # should lower the figure here and in the README.
 STATED = {
     "all": {"output_tok_s": 0.15, "tpot_ms": 0.15, "ttft_ms": 0.36},
-    "split: training": {"output_tok_s": 0.23, "tpot_ms": 0.18, "ttft_ms": 0.36},
-    "split: held-out": {"output_tok_s": 0.14, "tpot_ms": 0.12, "ttft_ms": 0.37},
+    "split: training": {"output_tok_s": 0.23, "tpot_ms": 0.18, "ttft_ms": 0.35},
+    "split: held-out": {"output_tok_s": 0.14, "tpot_ms": 0.12, "ttft_ms": 0.36},
     "GPU: b200": {"output_tok_s": 0.08, "tpot_ms": 0.08, "ttft_ms": 0.24},
-    "GPU: b300": {"output_tok_s": 0.08, "tpot_ms": 0.09, "ttft_ms": 0.25},
-    "GPU: mi300x": {"output_tok_s": 0.53, "tpot_ms": 0.33, "ttft_ms": 0.50},
-    "GPU: mi325x": {"output_tok_s": 0.51, "tpot_ms": 0.33, "ttft_ms": 0.37},
+    "GPU: b300": {"output_tok_s": 0.08, "tpot_ms": 0.09, "ttft_ms": 0.21},
+    "GPU: mi300x": {"output_tok_s": 0.53, "tpot_ms": 0.33, "ttft_ms": 0.48},
+    "GPU: mi325x": {"output_tok_s": 0.51, "tpot_ms": 0.32, "ttft_ms": 0.36},
     "GPU: mi355x": {"output_tok_s": 0.18, "tpot_ms": 0.17, "ttft_ms": 0.37},
-    "family: sglang TP": {"output_tok_s": 0.21, "tpot_ms": 0.20, "ttft_ms": 0.39},
-    "family: sglang TP EP": {"output_tok_s": 0.07, "tpot_ms": 0.08, "ttft_ms": 0.20},
+    "family: sglang TP": {"output_tok_s": 0.21, "tpot_ms": 0.20, "ttft_ms": 0.38},
+    "family: sglang TP EP": {"output_tok_s": 0.07, "tpot_ms": 0.08, "ttft_ms": 0.17},
 }
 SLACK = 0.05
 

@@ -25,13 +25,13 @@ KIMI_EP8 = (
 LLAMA_VLLM = "vllm serve meta-llama/Llama-3.1-8B-Instruct"
 
 
-def _setup(command: str, gpus: str):
+def _setup(command: str, gpus: str, *, text_prompts: bool = True):
     cluster = load_cluster(gpus)
     checked = check_command(command, cluster=cluster)
     layout = checked.setup.layout
     memory = memory_ledger(checked.model, layout, cluster)
     assert memory.verdict == "ok"
-    steps = StepTimes(checked.model, layout, cluster)
+    steps = StepTimes(checked.model, layout, cluster, text_prompts=text_prompts)
     return steps, memory, Predictor(steps, memory)
 
 
@@ -40,14 +40,23 @@ def kimi():
     return _setup(KIMI_EP8, "8xrtx-pro-6000")
 
 
+@pytest.fixture(scope="module")
+def kimi_ids():
+    """The same, its clients sending token ids: the requests of a burst reach the scheduler at once."""
+    return _setup(KIMI_EP8, "8xrtx-pro-6000", text_prompts=False)
+
+
 def closed(c: int, n: int, isl: int = 1024, osl: int = 1024) -> WorkloadSpec:
     return WorkloadSpec(input=Lengths.fixed(isl), output=Lengths.fixed(osl), num_requests=n, concurrency=c)
 
 
 def _each(steps: StepTimes, memory, workload: WorkloadSpec) -> _Run:
-    """A finished run, for each request's own times."""
+    """A finished run, for each request's own times (as `simulate` runs it)."""
+    front_end = not (workload.offline or workload.decode_only)
+    per_token_s = steps.tokenize_s_per_token(prose=bool(workload.pairs)) if front_end else 0.0
     run = _Run(Simulation(steps, memory), draw(workload), workload.concurrency, None, decode_only=workload.decode_only,
-               offline=workload.offline, cold_start_s=workload.cold_start_s)  # fmt: skip
+               offline=workload.offline, cold_start_s=workload.cold_start_s,
+               tokenize_s_per_token=per_token_s)  # fmt: skip
     run.loop()
     return run
 
@@ -69,24 +78,57 @@ def test_one_client_agrees_with_the_analytic_model(which, kimi):
 def test_one_client_by_hand(kimi):
     """e2e = prefill + (osl − 1) cycles, with the cycle at each step's own context (linear in context, so
     the mean over the steps is the cycle at the mean context). The overlap schedule formed one more step of the
-    last request before it handed out its last token: that step runs, and the next request waits for it."""
+    last request before it handed out its last token: that step runs, and the next request waits for it. The front
+    end's tokenising of a prompt comes before the first request's prefill, and within that step for the others."""
     steps, memory, _ = kimi
     assert steps.layout.options.overlap_schedule
     run = _each(steps, memory, closed(1, 3, isl=512, osl=256))
     prefill = steps.prefill_s(1, 512, 0)
     cycles = sum(steps.decode_s(1, 513 + k) for k in range(255))
     left_running = steps.decode_s(1, 512 + 256)  # a decode step of the finished request at its last context
+    tokenize = 512 * steps.tokenize_s_per_token(prose=False)  # lengths drawn: a prompt decoded from random token ids
+    assert 0 < tokenize < left_running
     ttft, e2e = run.first - run.arrive, run.finish - run.arrive
-    assert ttft == pytest.approx([prefill, prefill + left_running, prefill + left_running], rel=1e-6)
+    assert ttft == pytest.approx([tokenize + prefill, prefill + left_running, prefill + left_running], rel=1e-6)
     assert e2e == pytest.approx(ttft + cycles, rel=2e-3)
 
 
-def test_a_cold_start_holds_back_the_first_wave_by_hand(kimi):
+def test_the_front_end_tokenises_prompts_one_after_another_by_hand(kimi, kimi_ids):
+    """SGLang's tokenizer manager encodes each text prompt, one after another, before the scheduler sees it
+    (overheads.yaml: tokenize_cpu_per_random_token for prompts decoded from random token ids,
+    tokenize_cpu_per_prose_token for prose). Two clients' prompts sent at once reach the scheduler one tokenising
+    apart: idle, it prefills the first alone, and the step it formed then (the first's decode, overlapping the GPU)
+    runs before the second's prefill. Sent as token ids they come together and share one prefill. One rank serves
+    both, so the first runs only that step ahead: its client's next prompt comes within the step the engine leaves
+    running after the second finishes, and the rounds after the first are whole waves again, as the closed form
+    prices them. A lone prompt of prose (a dataset's pairs) waits its own, shorter, tokenising."""
+    steps, memory, predictor = kimi
+    tokenize = 512 * steps.tokenize_s_per_token(prose=False)
+    alone, after_first = steps.prefill_s(1, 512, 0), steps.decode_s(1, 513)
+    text = _each(steps, memory, closed(2, 6, isl=512, osl=64))
+    ttft = text.first - text.arrive
+    assert ttft[:2] == pytest.approx([tokenize + alone, tokenize + alone + after_first + alone], rel=1e-6)
+    left_running, _ = steps.cycle(2, 512 + 64)  # the step formed with the finished round, at its last context
+    assert 2 * tokenize < left_running
+    together = steps.prefill_s(2, 1024, 0)
+    assert ttft[4:] == pytest.approx([left_running + together] * 2, rel=1e-6)
+    assert predictor.predict(concurrency=2, isl=512, osl=64).ttft_s == pytest.approx(left_running + together, rel=1e-6)
+    ids_steps, _, _ = kimi_ids
+    ids = _each(ids_steps, memory, closed(2, 2, isl=512, osl=64))
+    assert ids.first - ids.arrive == pytest.approx([together] * 2, rel=1e-6)
+    pairs = WorkloadSpec(input=Lengths.fixed(1), output=Lengths.fixed(1), num_requests=1, pairs=((300, 8),))
+    prose = simulate(steps, memory, pairs)
+    assert steps.tokenize_s_per_token(prose=True) < steps.tokenize_s_per_token(prose=False)
+    assert prose.ttft_s.p50 == pytest.approx(300 * steps.tokenize_s_per_token(prose=True) + steps.prefill_s(1, 300, 0))
+
+
+def test_a_cold_start_holds_back_the_first_wave_by_hand(kimi_ids):
     """An engine that spends S seconds on its first request before it steps: the clients' first requests, sent at
-    once, wait S more for their first token; from there the run is the warm one S later (every later request, each
+    once (as token ids: text prompts would reach a warm engine one by one, and a cold one's wait would gather them),
+    wait S more for their first token; from there the run is the warm one S later (every later request, each
     TPOT, as they were), so the run lasts S longer and its throughput is its tokens over that. With a host time before
     the scheduler sees a request, the wait starts when the first one reaches it: the shift is S all the same."""
-    steps, memory, _ = kimi
+    steps, memory, _ = kimi_ids
     warm_w = closed(2, 6, isl=512, osl=64)
     cold_w = warm_w.model_copy(update={"cold_start_s": 30.0})
     warm, cold = _each(steps, memory, warm_w), _each(steps, memory, cold_w)
@@ -101,7 +143,7 @@ def test_a_cold_start_holds_back_the_first_wave_by_hand(kimi):
         Calibration(gpu=steps.target.cluster.gpu.name, constants={"first_token_host_s": 0.1}, fitted_on=())
     )
     checked = check_command(KIMI_EP8, cluster=cluster)
-    slow = StepTimes(checked.model, checked.setup.layout, cluster)
+    slow = StepTimes(checked.model, checked.setup.layout, cluster, text_prompts=False)
     warm, cold = _each(slow, memory, warm_w), _each(slow, memory, cold_w)
     assert cold.first - cold.arrive == pytest.approx(warm.first - warm.arrive + [30.0, 30.0, 0, 0, 0, 0], rel=1e-9)
 
@@ -120,12 +162,15 @@ def test_host_time_before_the_first_token_by_hand(kimi):
     before, after = (_each(s, memory, closed(1, 3, isl=512, osl=256)) for s in (steps, slow))
     # the step the engine left running after a request (test_one_client_by_hand) ends before the next arrives
     prefill = steps.prefill_s(1, 512, 0)
-    assert after.first - after.arrive == pytest.approx([prefill + host] * 3, rel=1e-9)
+    tokenize = 512 * steps.tokenize_s_per_token(prose=False)  # the front end's, before the host time's trip
+    assert after.first - after.arrive == pytest.approx([prefill + tokenize + host] * 3, rel=1e-9)
     assert (after.finish - after.first) == pytest.approx(before.finish - before.first, rel=1e-9)  # TPOT as it was
     in_process = _each(slow, memory, closed(1, 3, isl=512, osl=256).model_copy(update={"offline": True}))
-    assert in_process.first - in_process.arrive == pytest.approx(before.first - before.arrive, rel=1e-9)
+    # in process, no front end: neither the host time nor the tokenising (hidden for all but the first before)
+    skipped = [tokenize, 0.0, 0.0]
+    assert in_process.first - in_process.arrive == pytest.approx(before.first - before.arrive - skipped, rel=1e-9)
     p = Predictor(slow, memory).predict(concurrency=1, isl=512, osl=256)
-    assert p.ttft_s == pytest.approx(prefill + host, rel=0.01)
+    assert p.ttft_s == pytest.approx(prefill + tokenize + host, rel=0.01)
     assert p.output_tok_s == pytest.approx(256 / np.mean(after.finish - after.arrive), rel=0.01)
     # past the KV pool (46 requests) the host time hides in the queue: the engine stays as full, the figures as they
     # were; below it every client's request takes 0.1 s longer than it took to be read (a wave of 8 waits out the
@@ -135,7 +180,12 @@ def test_host_time_before_the_first_token_by_hand(kimi):
     assert (alone.output_tok_s, alone.ttft_s) == (queued.output_tok_s, queued.ttft_s)
     light, heavy = (p.predict(concurrency=8, isl=1024, osl=1024) for p in (fast, held))
     left_running, _ = steps.cycle(8, 1024 + 1024)  # the step formed with the finished wave, at its last context
-    assert heavy.ttft_s == pytest.approx(light.ttft_s - left_running + host) and heavy.output_tok_s < light.output_tok_s
+    tokenize = 1024 * steps.tokenize_s_per_token(
+        prose=False
+    )  # the first prompt's, hidden in that step without the host time
+    assert tokenize < left_running
+    assert heavy.ttft_s == pytest.approx(light.ttft_s - left_running + host + tokenize)
+    assert heavy.output_tok_s < light.output_tok_s
 
 
 def test_a_busy_vllm_reads_a_closed_loops_next_request_two_steps_on_by_hand():
@@ -163,7 +213,10 @@ def test_a_busy_vllm_reads_a_closed_loops_next_request_two_steps_on_by_hand():
     assert list(ttft.values()) == pytest.approx([2 * a_alone + mixed, 3 * a_alone + mixed, 4 * a_alone + mixed],
                                                 rel=2e-3)  # fmt: skip
     one = _each(steps, memory, closed(1, 3, isl=512, osl=256))
-    assert one.first - one.arrive == pytest.approx([steps.prefill_s(1, 512, 0)] * 3, rel=1e-6)
+    tokenize = 512 * steps.tokenize_s_per_token(
+        prose=False
+    )  # nothing runs meanwhile to hide the front end's tokenising
+    assert one.first - one.arrive == pytest.approx([tokenize + steps.prefill_s(1, 512, 0)] * 3, rel=1e-6)
     # the closed form at 8 clients (mixed batches: requests out of step): a host time of 1.5 and 2.5 of its steps
     # adds one and two steps to TTFT
     cycle, _ = steps.cycle(8, 1024 + 512)
@@ -200,12 +253,12 @@ def test_decode_only_runs_no_prefill_by_hand(kimi):
     assert steady.breakdown_s["prefill"] == 0.0
 
 
-def test_a_burst_lasts_as_long_as_its_longest_request(kimi):
-    """Two requests sent at once, prefilled in one step (SGLang prefills first), then decoded together: with
-    outputs of 2 and 200 tokens the run lasts the prefill, 1 cycle at two requests and 198 at one; the same
-    400 tokens as 200 + 200 take 199 cycles at two. Throughput is the tokens over that time, so a long tail
-    halves it: what fixed mean lengths hide in a ShareGPT burst."""
-    steps, memory, _ = kimi
+def test_a_burst_lasts_as_long_as_its_longest_request(kimi_ids):
+    """Two requests sent at once (as token ids: they reach the scheduler together), prefilled in one step (SGLang
+    prefills first), then decoded together: with outputs of 2 and 200 tokens the run lasts the prefill, 1 cycle at
+    two requests and 198 at one; the same 400 tokens as 200 + 200 take 199 cycles at two. Throughput is the tokens
+    over that time, so a long tail halves it: what fixed mean lengths hide in a ShareGPT burst."""
+    steps, memory, _ = kimi_ids
     burst = dict(input=Lengths.fixed(1), output=Lengths.fixed(1), num_requests=2)
     tail = simulate(steps, memory, WorkloadSpec(**burst, pairs=((100, 2), (100, 200))))
     even = simulate(steps, memory, WorkloadSpec(**burst, pairs=((100, 200), (100, 200))))
@@ -264,12 +317,14 @@ def test_the_pool_is_never_overfilled(kimi):
 
 
 def test_open_loop_at_low_rate_sees_a_lone_request(kimi):
-    """At one request in ten minutes (each takes 4 s) a typical request is alone: its TTFT is one prefill, its
-    TPOT one batch-1 cycle (a Poisson gap is sometimes short, so the tails may see a neighbour)."""
+    """At one request in ten minutes (each takes 4 s) a typical request is alone: its TTFT is the front end's
+    tokenising of its prompt and one prefill, its TPOT one batch-1 cycle (a Poisson gap is sometimes short, so the
+    tails may see a neighbour)."""
     steps, memory, _ = kimi
     workload = WorkloadSpec(input=Lengths.fixed(1024), output=Lengths.fixed(256), num_requests=10, request_rate=1 / 600)
     result = simulate(steps, memory, workload)
-    assert result.ttft_s.p50 == pytest.approx(steps.prefill_s(1, 1024, 0), rel=1e-6)
+    tokenize = 1024 * steps.tokenize_s_per_token(prose=False)  # lengths drawn: a prompt decoded from random token ids
+    assert result.ttft_s.p50 == pytest.approx(tokenize + steps.prefill_s(1, 1024, 0), rel=1e-6)
     assert result.tpot_s.p50 == pytest.approx(steps.decode_s(1, 1024 + 128), rel=0.01)
 
 

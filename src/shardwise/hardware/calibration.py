@@ -13,7 +13,8 @@ The constants a profile may set, each a quantity the cost model already uses:
 - collective_call_s: time one collective call costs beyond its measured nccl-tests time (default 0 s: the
   tables already hold what nccl-tests sees; engines call collectives from Python, eagerly, each step);
 - first_token_host_s: host time a request spends outside the engine's steps before its first token reaches the
-  client (HTTP, tokenising, the hops between the server's processes); no measured default (0): it delays the
+  client besides the front end's tokenising, which overheads.yaml prices (HTTP, the hops between the server's
+  processes); no measured default (0): it delays the
   request's arrival at the scheduler, so where nothing queues it adds to TTFT and to each client's time per
   request, never to TPOT;
 - non_torch_bytes: GPU memory a server holds besides weights, KV cache, activations and CUDA graphs (the CUDA

@@ -10,15 +10,18 @@ request gains k × τ tokens. Its cost grows with events, not with tokens.
 
 The scheduler reads newly sent requests before it forms each step's batch, or (SGLang --scheduler-recv-interval N)
 only every N decode steps, at once after a prefill step or while idle: a request sent mid-way waits for that read.
-A busy scheduler reads again right after it hands out the tokens of the step that just ended, sooner than a
-client's next request can come back through the HTTP server, the tokenizer and the hops between the engine's
-processes (taken to need less than a step; a longer trip is a calibrated first_token_host_s), so a closed loop's
-next request waits for the read after. A scheduler that overlaps the GPU (SGLang's overlap schedule, vLLM's async
-scheduling) forms each batch while the step before it runs: what it reads joins the step after the one in flight,
-a step later. SGLang also runs the step it formed before it learned that requests had their last token
-(`SchedulerPolicy.runs_finished_step`), so even when that leaves it idle it reads their clients' next requests
-only after that step. A pipeline reads once per micro-batch, far more often than once per simulated cycle: there a
-request is read at the step boundary it reaches, as before any of this.
+Before that, the front end tokenises each text prompt, one after another in the order they were sent
+(StepTimes.tokenize_s_per_token: prose where the requests come from a dataset of conversations, decoded
+random token ids where the benchmark draws lengths), so the prompts of a burst reach the scheduler one by one; an
+offline batch or a decode-only run hands the engine tokens and skips it. A busy scheduler reads again right after
+it hands out the tokens of the step that just ended, sooner than a client's next request can come back through the
+HTTP server and the hops between the engine's processes (taken to need less than a step; a longer trip is a
+calibrated first_token_host_s), so a closed loop's next request waits for the read after. A scheduler that overlaps
+the GPU (SGLang's overlap schedule, vLLM's async scheduling) forms each batch while the step before it runs: what it
+reads joins the step after the one in flight, a step later. SGLang also runs the step it formed before it learned
+that requests had their last token (`SchedulerPolicy.runs_finished_step`), so even when that leaves it idle it
+reads their clients' next requests only after that step. A pipeline reads once per micro-batch, far more often
+than once per simulated cycle: there a request is read at the step boundary it reaches, as before any of this.
 
 Admission follows the engine's scheduler policy (engines' `SchedulerPolicy`): a new request needs room for its
 prompt plus its output (SGLang holds back a decaying share of every running request's remaining output; vLLM
@@ -30,8 +33,10 @@ reaches the scheduler: what arrives meanwhile waits.
 
 Ranks of one instance step together (the MoE layers synchronise them): a step lasts as long as its slowest
 rank. Replicas behind a router are independent: the simulation runs one, with every replicas-th request, and
-scales its throughput. Metrics follow the benchmark tools: TTFT and E2E from the send, TPOT per request
-(e2e − ttft) / (output − 1), ITL per streamed chunk, throughput over the whole run.
+scales its throughput (and gives it a front end of its own: the engines' data-parallel replicas share one, SGLang's
+tokenizer manager or vLLM's API server, so a burst's tokenising queue is longer there than simulated). Metrics
+follow the benchmark tools: TTFT and E2E from the send, TPOT per request (e2e − ttft) / (output − 1), ITL per
+streamed chunk, throughput over the whole run.
 """
 
 from __future__ import annotations
@@ -129,8 +134,10 @@ class Simulation:
         share = requests if self.replicas == 1 else _every(requests, self.replicas)
         clients = None if workload.concurrency is None else max(1, math.ceil(workload.concurrency / self.replicas))
         self._check_fits(share)
+        front_end = not (workload.offline or workload.decode_only)
+        per_token_s = self.steps.tokenize_s_per_token(prose=bool(workload.pairs)) if front_end else 0.0
         run = _Run(self, share, clients, progress, decode_only=workload.decode_only, offline=workload.offline,
-                   cold_start_s=workload.cold_start_s)  # fmt: skip
+                   cold_start_s=workload.cold_start_s, tokenize_s_per_token=per_token_s)  # fmt: skip
         run.loop()
         return run.result(workload, self.replicas)
 
@@ -161,6 +168,7 @@ class _Run:
         decode_only: bool = False,
         offline: bool = False,
         cold_start_s: float = 0.0,
+        tokenize_s_per_token: float = 0.0,
     ):
         self.sim, self.progress, self.decode_only = sim, progress, decode_only
         # from a client's send to the scheduler seeing it; an in-process batch has no front end to cross
@@ -168,6 +176,9 @@ class _Run:
         n = len(reqs)
         self.isl, self.osl = reqs.input_tokens, reqs.output_tokens.astype(float)
         self.send = reqs.send_s
+        self.sent = np.full(n, np.nan)  # when each client sent its request: what its latencies count from
+        self.tokenize_s = self.isl * tokenize_s_per_token  # the front end's time on each prompt
+        self.tokenized = 0.0  # when the front end has tokenised every prompt sent so far
         self.need = self.isl.astype(float).copy()  # tokens to prefill (the prompt, or all held after eviction)
         self.done_prefill = np.zeros(n)  # tokens of `need` prefilled
         self.gen = np.zeros(n)  # output tokens so far
@@ -203,7 +214,9 @@ class _Run:
         if self.next_send < len(self.isl):
             i = self.next_send
             self.next_send += 1
-            heapq.heappush(self.sends, (max(now, float(self.send[i])) + self.first_token_host_s, i))
+            self.sent[i] = max(now, float(self.send[i]))
+            self.tokenized = max(self.sent[i], self.tokenized) + float(self.tokenize_s[i])
+            heapq.heappush(self.sends, (self.tokenized + self.first_token_host_s, i))
 
     def _deliver(self) -> None:
         """Queue the requests sent before the scheduler's last read: now, or where it reads only every `poll` decode
@@ -221,8 +234,8 @@ class _Run:
             seen_until -= self.last_step_s
         seen_until += BEFORE_READ_S if busy else AT_READ_S
         while self.sends and self.sends[0][0] <= seen_until:
-            when, i = heapq.heappop(self.sends)
-            self.arrive[i] = when - self.first_token_host_s  # when the client sent it: what its latencies count from
+            _, i = heapq.heappop(self.sends)
+            self.arrive[i] = self.sent[i]
             self.ranks[self.rr % len(self.ranks)].waiting.append(i)
             self.rr += 1
 

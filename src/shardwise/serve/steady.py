@@ -17,8 +17,10 @@ Where the engine runs prefills first and alone (SGLang), identical requests stay
 finish together, their successors arrive together, and the whole wave is prefilled (W = running × prefill per
 request, in batches of one prefill step each) before any of them decodes. A request then waits for the prefill
 batches ahead of its own (TTFT = (W + one batch) / 2 on average) and the rest of the wave's prefill falls
-between its first and second token: TPOT = decode_cycle + (W − TTFT) / (osl − 1). Throughput is the same. When
-more clients wait than the KV pool holds, they are admitted one by one as room frees up: no waves.
+between its first and second token: TPOT = decode_cycle + (W − TTFT) / (osl − 1). Throughput is the same. Text
+prompts reach the scheduler one front-end tokenising apart (serve/simulate): the wave's first is prefilled alone,
+the rest after it (W = one prefill + the rest's wave), which throughput and TTFT take in. When more clients wait
+than the KV pool holds, they are admitted one by one as room frees up: no waves.
 
 Decode-only (prompts already in the KV cache, as decode benchmarks run): no prefills, every token from a cycle,
 output_tok_s = running / decode_cycle and TPOT = decode_cycle.
@@ -27,11 +29,12 @@ With speculative decoding a decode cycle yields the mean accepted length τ per 
 time per token is the cycle ÷ τ.
 
 A client's next request waits w before it joins a batch (serve/simulate says why). Requests in step (one client, a
-wave, decode-only streams of one length) find the engine idle and are read at once: w is the longer of a calibrated
-host time h before the scheduler sees a request (first_token_host_s) and the step SGLang runs with the requests
-that just finished. Requests out of step reach a busy scheduler: w is h, then the wait for the next of its reads
-(a step on average, (N + 1) / 2 where it reads every N decode steps), then a step more where it overlaps the GPU;
-a pipeline reads once per micro-batch and adds only h. w adds to TTFT and e2e, and each client's throughput is
+wave, decode-only streams of one length) find the engine idle and are read at once: w is the longer of the host time
+h before the scheduler sees a request (the front end's tokenising of a prompt decoded from random token ids, as
+the benchmarks' random datasets send, and a calibrated first_token_host_s) and the step SGLang runs with the
+requests that just finished. Requests out of step reach a busy scheduler: w is h, then the wait for the next of its
+reads (a step on average, (N + 1) / 2 where it reads every N decode steps), then a step more where it overlaps the
+GPU; a pipeline reads once per micro-batch and adds only h. w adds to TTFT and e2e, and each client's throughput is
 osl / (e2e + w), the engine's batch taken as it is; a queued request was read long before its turn, and under a
 queue at least as long as the requests in a host flight h hides in the wait.
 
@@ -179,26 +182,64 @@ class Predictor:
         # the prompt is cached, every token comes from a decode cycle and no prefill runs.
         steps = max(1, osl - 1)
         cycles = osl if decode_only else osl - 1
-        throughput = running * osl / (cycles * cycle + running * per_request)
+        wave = running * per_request  # the prefills of one round
         if decode_only or self._mixed or queued:
             # prefills spread between every request's tokens: the engine mixes them in, or requests queue for KV
             # room and are admitted one by one as it frees up
             first, between = alone, (running - 1) * per_request
         else:  # waves: the whole wave's prefill, the batches before a request's own in its TTFT, the rest after
-            wave = running * per_request
             first = max(alone, (wave + batch) / 2)
+            ahead = running if decode_only else self._read_first(running, isl, osl)
+            if ahead < running:  # those prefilled first, then the rest, come meanwhile
+                head_wave, head_first = self._wave(isl, ahead)
+                rest_wave, rest_first = self._wave(isl, running - ahead)
+                first = (ahead * head_first + (running - ahead) * (head_wave + rest_first)) / running
+                wave = head_wave + rest_wave
             between = max(0.0, wave - first)
+        throughput = running * osl / (cycles * cycle + wave)
         wait = self._wait(running, isl, osl, cycle_s, in_step=running == 1 or decode_only or not self._mixed,
-                          queued=queued)  # fmt: skip
+                          queued=queued, decode_only=decode_only)  # fmt: skip
         tpot = cycle + between / steps
         breakdown = {**parts, "prefill": between / steps}
         bound = max(breakdown, key=breakdown.__getitem__)
         return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens, wait)
 
-    def _wait(self, running: int, isl: int, osl: int, step_s: float, *, in_step: bool, queued: bool) -> float:
+    def _wave(self, isl: int, requests: int) -> tuple[float, float]:
+        """(the prefills of a wave of `requests` prompts, their mean time to the first token from its start: at
+        least one batch's)."""
+        per_request, alone, batch = self._prefill(isl, requests)
+        wave = requests * per_request
+        return wave, max(alone, batch, (wave + batch) / 2)
+
+    def _read_first(self, running: int, isl: int, osl: int) -> int:
+        """How many of a round's `running` text prompts the scheduler reads first: the front end hands them over one
+        tokenising apart, so an idle scheduler takes the first alone. The request prefilled alone then runs a step
+        ahead (the overlapped step formed before the others came) and sends its next prompt that much sooner. Where
+        one rank serves every request and the scheduler reads only after the step it formed with the finished ones
+        (SGLang's overlap schedule), that step gathers the prompts tokenised by its end, and the rounds after the
+        first are whole waves again when all of them are (where only some are, the simulation's rounds settle in
+        between; the first is taken alone). Elsewhere the first stays alone: attention-DP ranks decode the request
+        ahead while another prefills, which puts it further ahead, and a pipeline reads prompts as they come."""
+        tokenize = self._tokenize_prompt_s(isl, decode_only=False)
+        if tokenize <= 0:
+            return running
+        lag, ranks = self._reads, self.memory.ranks // max(1, self.layout.replicas)
+        gathered = lag.lagged and lag.runs_finished_step and ranks == 1
+        if gathered and running * tokenize <= self.steps.cycle(running, isl + osl)[0]:
+            return running
+        return 1
+
+    def _tokenize_prompt_s(self, isl: int, decode_only: bool) -> float:
+        """The front end's time on one prompt of `isl` tokens decoded from random token ids, as the benchmarks'
+        random datasets send (none decode-only: the prompts are cached)."""
+        return 0.0 if decode_only else isl * self.steps.tokenize_s_per_token(prose=False)
+
+    def _wait(
+        self, running: int, isl: int, osl: int, step_s: float, *, in_step: bool, queued: bool, decode_only: bool
+    ) -> float:
         """From a client's send to its request joining a batch (the module's docstring; serve/simulate): `step_s` is
         a decode step of the running requests."""
-        host, lag = self.steps.first_token_host_s, self._reads
+        host, lag = self.steps.first_token_host_s + self._tokenize_prompt_s(isl, decode_only), self._reads
         if queued or not lag.lagged:
             return host
         if in_step:  # the step formed with the finished requests, at their last context

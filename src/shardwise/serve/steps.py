@@ -7,8 +7,10 @@
   trip through every stage and the time the busiest stage needs for all of them. With speculative decoding a
   cycle is the drafter's forwards plus the target's verify of every drafted token.
 - `prefill(requests, new_tokens, context)`: one prefill step.
-It also carries the machine's calibrated host time before a request reaches the scheduler (`first_token_host_s`),
-which the serving models add before each request's first step.
+It also carries the host time before a request reaches the scheduler: the machine's calibrated trip
+(`first_token_host_s`) and the front end's tokenising of the prompt (`tokenize_s_per_token`), which the serving
+models add
+before each request's first step.
 Exact answers are cached by their arguments. The simulation asks for thousands of shapes, so `decode_s` and
 `prefill_s` interpolate linearly between exact answers on a grid (every batch up to 64, then 16 per
 doubling; contexts every 256 tokens): step time is close to linear in context and smooth in batch size.
@@ -23,6 +25,7 @@ from shardwise.cost.book import PriceBook
 from shardwise.cost.step import Figures, StepCost, StepCostModel, longest_stage_s, parts_s, time_s
 from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
+from shardwise.hardware.load import overheads
 from shardwise.ops.types import Phase
 from shardwise.serve.speculative import SpecPlan, check_accept_length, spec_plan
 from shardwise.spec.cluster import ClusterSpec
@@ -57,12 +60,18 @@ class StepTimes:
         tables: bool = True,
         prefill_scale: float = 1.0,
         book: PriceBook | None = None,
+        text_prompts: bool = True,
     ) -> None:
-        """`book`: the price book of the search or check (default one of its own)."""
+        """`book`: the price book of the search or check (default one of its own); `text_prompts` False: the prompts
+        reach the engine as token ids, which no front end tokenises."""
         self.layout = layout
         self.prefill_scale = prefill_scale  # a what-if: every prefill step takes this multiple of its priced time
         # host time before a request reaches the scheduler: no measured default, a calibration may set it
         self.first_token_host_s = cluster.calibration.value("first_token_host_s", 0.0) if cluster.calibration else 0.0
+        oh = overheads()  # the front end encodes each text prompt, one after another, before the scheduler sees it
+        self._tokenize_per_token_s = (oh.tokenize_cpu_per_prose_token.si("s"), oh.tokenize_cpu_per_random_token.si("s"))
+        if not text_prompts:
+            self._tokenize_per_token_s = (0.0, 0.0)
         book = book or PriceBook()
         self.target = StepCostModel.of(model, layout, cluster, tables=tables, book=book)
         self.plan: SpecPlan | None = None
@@ -129,6 +138,11 @@ class StepTimes:
         if made is None:
             made = self._cycles[key] = self._cycle(running, context)
         return made
+
+    def tokenize_s_per_token(self, *, prose: bool) -> float:
+        """Front-end host time per prompt token: of prose (a dataset of conversations), or of a prompt decoded from
+        random token ids (the benchmark clients' random datasets)."""
+        return self._tokenize_per_token_s[0] if prose else self._tokenize_per_token_s[1]
 
     def prefill(self, requests: int, new_tokens: int, context: int) -> float:
         key = (requests, new_tokens, context)
