@@ -189,12 +189,13 @@ class Predictor:
             first, between = alone, (running - 1) * per_request
         else:  # waves: the whole wave's prefill, the batches before a request's own in its TTFT, the rest after
             first = max(alone, (wave + batch) / 2)
-            ahead = running if decode_only else self._read_first(running, isl, osl)
-            if ahead < running:  # those prefilled first, then the rest, come meanwhile
-                head_wave, head_first = self._wave(isl, ahead)
-                rest_wave, rest_first = self._wave(isl, running - ahead)
-                first = (ahead * head_first + (running - ahead) * (head_wave + rest_first)) / running
-                wave = head_wave + rest_wave
+            if running > 1 and self._splits(running, isl, osl):
+                # the first prompt prefilled alone, then the rest, come meanwhile, in the wave's batches (priced as
+                # the whole wave's: no new prefill shapes, which a search of thousands of setups would keep)
+                rest_wave = (running - 1) * per_request
+                rest_first = max(alone, (rest_wave + batch) / 2)
+                first = (alone + (running - 1) * (alone + rest_first)) / running
+                wave = alone + rest_wave
             between = max(0.0, wave - first)
         throughput = running * osl / (cycles * cycle + wave)
         wait = self._wait(running, isl, osl, cycle_s, in_step=running == 1 or decode_only or not self._mixed,
@@ -204,30 +205,21 @@ class Predictor:
         bound = max(breakdown, key=breakdown.__getitem__)
         return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens, wait)
 
-    def _wave(self, isl: int, requests: int) -> tuple[float, float]:
-        """(the prefills of a wave of `requests` prompts, their mean time to the first token from its start: at
-        least one batch's)."""
-        per_request, alone, batch = self._prefill(isl, requests)
-        wave = requests * per_request
-        return wave, max(alone, batch, (wave + batch) / 2)
-
-    def _read_first(self, running: int, isl: int, osl: int) -> int:
-        """How many of a round's `running` text prompts the scheduler reads first: the front end hands them over one
-        tokenising apart, so an idle scheduler takes the first alone. The request prefilled alone then runs a step
-        ahead (the overlapped step formed before the others came) and sends its next prompt that much sooner. Where
-        one rank serves every request and the scheduler reads only after the step it formed with the finished ones
-        (SGLang's overlap schedule), that step gathers the prompts tokenised by its end, and the rounds after the
-        first are whole waves again when all of them are (where only some are, the simulation's rounds settle in
-        between; the first is taken alone). Elsewhere the first stays alone: attention-DP ranks decode the request
-        ahead while another prefills, which puts it further ahead, and a pipeline reads prompts as they come."""
+    def _splits(self, running: int, isl: int, osl: int) -> bool:
+        """Whether a round's text prompts reach the scheduler apart: the front end hands them over one tokenising
+        apart, so an idle scheduler takes the first alone. The request prefilled alone then runs a step ahead (the
+        overlapped step formed before the others came) and sends its next prompt that much sooner. Where one rank
+        serves every request and the scheduler reads only after the step it formed with the finished ones (SGLang's
+        overlap schedule), that step gathers the prompts tokenised by its end, and the rounds after the first are
+        whole waves again when all of them are (where only some are, the simulation's rounds settle in between; the
+        first is taken alone). Elsewhere the first stays alone: attention-DP ranks decode the request ahead while
+        another prefills, which puts it further ahead, and a pipeline reads prompts as they come."""
         tokenize = self._tokenize_prompt_s(isl, decode_only=False)
         if tokenize <= 0:
-            return running
+            return False
         lag, ranks = self._reads, self.memory.ranks // max(1, self.layout.replicas)
         gathered = lag.lagged and lag.runs_finished_step and ranks == 1
-        if gathered and running * tokenize <= self.steps.cycle(running, isl + osl)[0]:
-            return running
-        return 1
+        return not (gathered and running * tokenize <= self.steps.cycle(running, isl + osl)[0])
 
     def _tokenize_prompt_s(self, isl: int, decode_only: bool) -> float:
         """The front end's time on one prompt of `isl` tokens decoded from random token ids, as the benchmarks'
