@@ -281,8 +281,8 @@ def test_validate_reports_the_error_per_metric():
     gt38 = next(r for r in payload["rows"] if r["id"] == "GT38")
     assert gt38["measured"]["ttft_ms"] == 4613 and gt38["predicted"]["ttft_ms"] > 0
     spec_rows = [r for r in payload["rows"] if r["accept_length"]]
-    assert {r["id"] for r in spec_rows} == {"GT21", "GT90", "GT91"}
-    assert all(r["group"] == "speculative" for r in spec_rows)  # all three from modelled releases
+    assert {r["id"] for r in spec_rows} == {"GT21", "GT90", "GT91", "GT90-v2", "GT91-v2"}
+    assert all(r["group"] == "speculative" for r in spec_rows)  # all five from modelled releases
     assert metrics[("speculative", "output_tok_s")]["rows"] == len(spec_rows)
     measured = [r for r in payload["rows"] if not r["accept_length"] and r["measured"]["output_tok_s"]]
     # the headline is every row's: SGLang 0.4 rows count in it, and the breakdown shows them apart

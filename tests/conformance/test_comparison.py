@@ -33,6 +33,7 @@ def _resolved(e: Emitted) -> dict:
             "cuda_graph_max_bs": f["cuda_graph_max_bs"], "max_running_requests": f.get("max_running_requests"),
             "ep_size": f["ep_size"], "attn_dp_size": f["attn_dp_size"], "dp_size": f["dp_size"],
             "page_size": f["page_size"], "enable_dp_lm_head": bool(f.get("enable_dp_lm_head")),
+            "disable_overlap_schedule": not setup.layout.options.overlap_schedule,
             "dcp_comm_backend": setup.layout.dcp_comm}  # fmt: skip
 
 

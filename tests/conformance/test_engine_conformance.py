@@ -94,6 +94,8 @@ def sglang_sizes(setup: Setup, resolved: dict) -> list[tuple[str, object, object
         ("dp_size", f["dp_size"], resolved["dp_size"]),
         ("page_size", f["page_size"], resolved["page_size"]),
         ("enable_dp_lm_head", bool(f.get("enable_dp_lm_head")), bool(resolved["enable_dp_lm_head"])),
+        # the overlap scheduler (off with pipeline stages; kept or not with speculative decoding, by release)
+        ("disable_overlap_schedule", not setup.layout.options.overlap_schedule, resolved["disable_overlap_schedule"]),
         (
             "dcp_comm_backend",
             setup.layout.dcp_comm if setup.layout else None,  # FlashInfer's a2a is an all-to-all
@@ -302,6 +304,31 @@ def _checked_rows() -> list[tuple[str, str, str]]:
             cluster = args[args.index("--gpus") + 1] if "--gpus" in args else "8xrtx-pro-6000"
             out.append((cluster, shlex.join(args[args.index("--") + 1 :]), m.group(2)))
     return out
+
+
+def test_speculative_decoding_keeps_the_overlap_scheduler_as_the_engine_does():
+    """Speculative decoding on the engine release CI installs: a draft chain, a draft tree, n-gram lookup, the
+    scheduler turned off by hand, and draft steps without a top-k; the overlap scheduler, every size and the refusal
+    compared as for the emitted commands."""
+    _available("sglang", "0.5.23")
+    base = "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --trust-remote-code "
+    commands = [
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1",
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4 "
+        "--speculative-num-draft-tokens 8",
+        "--speculative-algorithm NGRAM --speculative-num-draft-tokens 4",
+        "--speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 1 --disable-overlap-schedule",
+        "--speculative-algorithm EAGLE --speculative-num-steps 2",  # refused: top-k left unset
+    ]
+    box = load_cluster("8xh200")
+    items = [(_emitted_from("sglang", "0.5.23", base + flags), box) for flags in commands]
+    answers = ask("sglang", "0.5.23", items)
+    broken = crashes([(e, a) for (e, _), a in zip(items, answers, strict=True)])
+    assert not broken, "the oracle did not answer:\n" + "\n".join(broken)
+    assert [a["resolved"]["disable_overlap_schedule"] for a in answers[:4]] == [False, False, False, True]
+    assert answers[4]["refusal"]["type"] == "TypeError"
+    problems = disagreements(items, answers)
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("engine, version", ENGINES)

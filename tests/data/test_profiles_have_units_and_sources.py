@@ -30,6 +30,7 @@ DIMENSIONS = {
     "kernel_gpu": "s",
     "graph_launch_cpu": "s",
     "scheduler_step_cpu": "s",
+    "speculative_step_cpu": "s",
     "tokenize_cpu_per_prose_token": "s",
     "tokenize_cpu_per_random_token": "s",
 }

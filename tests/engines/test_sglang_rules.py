@@ -265,6 +265,80 @@ def test_silent_rewrites_are_shown():
     assert eagle.flags["speculative_algorithm"] == "EAGLE" and eagle.flags["max_running_requests"] == 48
 
 
+EAGLE_CHAIN = "--tp 8 --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1"
+EAGLE_TREE = "--tp 8 --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 4"
+EAGLE3 = "--tp 8 --speculative-algorithm EAGLE3 --speculative-draft-model-path d"
+STANDALONE = "--tp 8 --speculative-algorithm STANDALONE --speculative-draft-model-path d"
+DFLASH = "--tp 8 --speculative-algorithm DFLASH --speculative-draft-model-path d"
+
+
+@pytest.mark.parametrize(
+    "version, env, flags, overlap",
+    [
+        ("0.5.2", {"SGLANG_ENABLE_SPEC_V2": "1"}, EAGLE_CHAIN, False),  # no spec v2 yet
+        ("0.5.5", None, EAGLE_CHAIN, False),  # the variable off by default
+        ("0.5.5", {"SGLANG_ENABLE_SPEC_V2": "1"}, EAGLE_CHAIN, True),
+        ("0.5.5", {"SGLANG_ENABLE_SPEC_V2": "1"}, EAGLE_CHAIN + " --disable-overlap-schedule", True),  # forced on
+        ("0.5.9", {"SGLANG_ENABLE_SPEC_V2": "true"}, EAGLE_CHAIN, True),
+        ("0.5.9", {"SGLANG_ENABLE_SPEC_V2": "maybe"}, EAGLE_CHAIN, False),  # unreadable: the default (off)
+        ("0.5.12", None, EAGLE_CHAIN, True),  # on by default
+        ("0.5.12", {"SGLANG_ENABLE_SPEC_V2": "0"}, EAGLE_CHAIN, False),
+        ("0.5.12", None, EAGLE_TREE, False),  # spec v2 drafts chains only
+        ("0.5.13", None, EAGLE_TREE, True),
+        ("0.5.13", None, "--tp 8 --speculative-algorithm NGRAM --speculative-num-draft-tokens 4", False),
+        ("0.5.23", {"SGLANG_ENABLE_SPEC_V2": "0"}, EAGLE_TREE, True),  # the variable is gone
+        ("0.5.23", None, EAGLE_CHAIN + " --disable-overlap-schedule", False),
+        ("0.5.5", {"SGLANG_ENABLE_SPEC_V2": "1"}, EAGLE3 + " --disable-overlap-schedule", False),  # not forced
+        ("0.5.5", {"SGLANG_ENABLE_SPEC_V2": "1"}, EAGLE3, True),  # kept as the command has it
+        ("0.5.7", {"SGLANG_ENABLE_SPEC_V2": "1"}, STANDALONE, False),  # STANDALONE joins spec v2 in 0.5.8
+        ("0.5.8", {"SGLANG_ENABLE_SPEC_V2": "1"}, STANDALONE, True),
+        ("0.5.13", None, DFLASH, False),  # DFLASH has no spec v2 before 0.5.14
+        ("0.5.14", None, DFLASH, True),
+    ],
+)
+def test_speculative_decoding_keeps_the_overlap_scheduler_as_each_release_does(version, env, flags, overlap):
+    """sglang server_args.py _handle_speculative_decoding (0.5.5-0.5.12), arg_groups/speculative_hook.py
+    _handle_eagle_family (0.5.13 on); 0.5.23 is checked against the engine itself (tests/conformance)."""
+    setup = resolve(flags, model="deepseek-v3", cluster="8xh200", version=version, env=env)
+    assert setup.valid and setup.layout.options.overlap_schedule is overlap
+    # off by hand from 0.5.14 is spec v2's synchronous path (the spec v1 worker is gone); off otherwise, spec v1
+    spec = "spec v2" if overlap else "spec v2's synchronous path" if version == "0.5.23" else "spec v1"
+    assert any(
+        f"runs {'under' if overlap else 'without'} the overlap scheduler ({spec}" in n.message for n in setup.notes
+    )
+
+
+@pytest.mark.parametrize(
+    "flags", [EAGLE_CHAIN, DFLASH, "--tp 8 --speculative-algorithm NGRAM --speculative-num-draft-tokens 4"]
+)
+def test_every_speculative_algorithm_caps_the_running_requests(flags):
+    """_handle_eagle_family, _handle_dflash and _handle_ngram each set 48 where the command sets none (0.5.23; NGRAM
+    and DFLASH were left uncapped before)."""
+    assert resolve(flags, model="deepseek-v3", cluster="8xh200").flags["max_running_requests"] == 48
+    given = resolve(flags + " --max-running-requests 64", model="deepseek-v3", cluster="8xh200")
+    assert given.flags["max_running_requests"] == 64
+
+
+def test_spec_v2_refuses_a_draft_tree_from_0_5_7_to_0_5_10():
+    env = {"SGLANG_ENABLE_SPEC_V2": "1"}
+    assert rules(resolve(EAGLE_TREE, model="deepseek-v3", cluster="8xh200", version="0.5.9", env=env)) == [
+        "spec_v2_topk"
+    ]
+    assert resolve(EAGLE_TREE, model="deepseek-v3", cluster="8xh200", version="0.5.9").valid  # spec v1 takes trees
+    assert resolve(EAGLE_TREE, model="deepseek-v3", cluster="8xh200", version="0.5.5", env=env).valid
+
+
+def test_draft_steps_without_a_top_k_are_refused():
+    """The engine's TypeError (its paged-tree check compares top-k, unset, with 1), in every release (0.5.2 and
+    0.5.12 read in server_args.py; 0.5.23 raises it itself, tests/conformance)."""
+    steps = "--tp 8 --speculative-algorithm EAGLE --speculative-num-steps 2"
+    for version in ("0.5.2", "0.5.12", None):
+        bad = resolve(steps, model="deepseek-v3", cluster="8xh200", version=version)
+        assert rules(bad) == ["eagle_steps_without_topk"] and bad.rejections[0].stage == "arguments"
+    assert resolve(EAGLE_CHAIN, model="deepseek-v3", cluster="8xh200").valid
+    assert resolve("--tp 8 --speculative-algorithm EAGLE", model="deepseek-v3", cluster="8xh200").valid  # none given
+
+
 def test_gpu_tier_defaults():
     # 96 GB RTX PRO 6000 (97,887 MiB): the < 160 GiB tier, tp ≥ 4 → decode graphs up to 512, chunk 8192
     f = resolve("--tp 8").flags

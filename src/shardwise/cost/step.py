@@ -4,7 +4,8 @@ The GPU side of a stage is the sum of its ops (collectives included; those two-b
 only where they outlast the compute beside them). The host side is what it takes to issue the kernels:
 each launch in eager mode, one graph replay with CUDA graphs. The host runs ahead of the GPU, so a stage
 takes the longer of the two; the difference, when the host is longer, is launch overhead. A scheduler
-that does not overlap (pipeline parallelism, --disable-overlap-schedule) adds its host time to every stage.
+that does not overlap (pipeline parallelism, --disable-overlap-schedule) adds its host time to every stage;
+a speculative decode step without it (SGLang), the host time of its draft, verify and keep, measured whole.
 """
 
 from __future__ import annotations
@@ -211,6 +212,9 @@ class StepCostModel:
         self._overlap = layout.options.overlap_schedule
         self._graph_s = oh.graph_launch_cpu.si("s")
         self._scheduler_s = scheduler
+        # SGLang's speculative decode step without the overlap scheduler waits on the host for each of its forwards
+        spec = layout.options.spec is not None and layout.engine == "sglang"
+        self._spec_step_s = oh.speculative_step_cpu.si("s") if spec else scheduler
         self._graphs = layout.options.cuda_graph
         self._graph_max = layout.options.cuda_graph_max_bs
         book = book or PriceBook()
@@ -272,7 +276,8 @@ class StepCostModel:
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         key = (phase.value, rank_batch, new_tokens, context)
         graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
-        whole = (key, graphed, self._overlap)  # the host side: the rest follows from the cluster and the key
+        scheduler = self._spec_step_s if phase is Phase.DECODE else self._scheduler_s
+        whole = (key, graphed, self._overlap, scheduler)  # the host side: the rest follows from the cluster and the key
         prices = self.prices
         figures = prices.figures.get(whole)
         if figures is None:
@@ -282,9 +287,9 @@ class StepCostModel:
             per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
             # stages with the same pieces have the same figures (but the first, where the scheduler's work is)
             classes = self.step_model.stage_classes(phase)
-            alike = {c: self._stage(stage_sums, graphed) for c, stage_sums in sums.items() if c}
+            alike = {c: self._stage(stage_sums, graphed, scheduler) for c, stage_sums in sums.items() if c}
             figures = prices.figures[whole] = (
-                self._stage(sums[0], graphed, per_request),
+                self._stage(sums[0], graphed, scheduler, per_request),
                 *[alike[c] for c in classes[1:]],
             )
         return key, whole, figures
@@ -312,10 +317,11 @@ class StepCostModel:
             )
         return {stage: PieceSums(*added) for stage, added in sums.items()}
 
-    def _stage(self, sums: PieceSums, graphed: bool, per_request: float = 0.0) -> StageFigures:
+    def _stage(self, sums: PieceSums, graphed: bool, scheduler_s: float, per_request: float = 0.0) -> StageFigures:
         """One stage's figures from the sums of its pieces (`PricedPiece.sums`): its GPU work,
-        and the host's where it is longer. `per_request` is the scheduler's work for the running requests: beside
-        the launches when the scheduler overlaps the GPU, after them otherwise."""
+        and the host's where it is longer. `scheduler_s` is the host's time per step that the overlap scheduler hides
+        (a speculative decode step's, or a plain step's); `per_request` the scheduler's work for the running
+        requests: beside the launches when the scheduler overlaps the GPU, after them otherwise."""
         compute, memory, launch, comm, hidden_comm, kernels = sums
         comm += max(0.0, hidden_comm - compute - memory)
         gpu = compute + memory + comm + launch
@@ -324,7 +330,7 @@ class StepCostModel:
             host += per_request
             waiting = max(0.0, host - gpu)
         else:  # a scheduler that does not overlap adds its time to every stage
-            waiting = max(0.0, host - gpu) + self._scheduler_s + per_request
+            waiting = max(0.0, host - gpu) + scheduler_s + per_request
         return StageFigures(gpu, host, gpu + waiting, (compute, memory, comm, launch, waiting))
 
 

@@ -57,6 +57,15 @@ class FlagEngine:
     def layout(self, flags: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         raise NotImplementedError
 
+    def env_options(self, env: dict[str, str]) -> dict[str, Any]:
+        """The environment variables of the launch that change what the engine runs, as options its rewrites read
+        (none by default)."""
+        return {}
+
+    def launch_env(self, flags: dict[str, Any]) -> list[str]:
+        """`VAR=value` words a launch command starts with to set what `env_options` read (none by default)."""
+        return []
+
     def gpus_used(self, flags: dict[str, Any]) -> int:
         raise NotImplementedError
 
@@ -123,7 +132,7 @@ class FlagEngine:
         env: dict[str, str] | None = None,
     ) -> Setup:
         """Rewrites, rules and layout of options given by canonical name."""
-        flags = {**table_defaults(self.name), **given}
+        flags = {**table_defaults(self.name), **given, **self.env_options(env or {})}
         notes = self.effective(flags, version=version, cluster=cluster, model=model)
         available = self._gpus_available(cluster, flags, env or {})
         ctx = Context(
@@ -170,11 +179,12 @@ class FlagEngine:
 
     def launch_commands(self, setup: Setup, *, model_ref: str, remote_code: bool = False) -> list[list[str]]:
         """The commands that start `setup`, one per node (node 0 first), spelled for its engine version."""
-        nodes = setup.flags.get("nnodes", 1)
+        nodes, env = setup.flags.get("nnodes", 1), self.launch_env(setup.flags)
         if nodes == 1:
-            return [self._render(setup.given, setup.version, model_ref=model_ref, remote_code=remote_code)]
+            return [env + self._render(setup.given, setup.version, model_ref=model_ref, remote_code=remote_code)]
         return [
-            self._render(
+            env
+            + self._render(
                 self.node_options(setup.given, rank), setup.version, model_ref=model_ref, remote_code=remote_code
             )
             for rank in range(nodes)

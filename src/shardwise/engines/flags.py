@@ -89,6 +89,7 @@ class OtherFlag(Frozen):
     flags: tuple[str, ...]
     takes: Literal["flag", "value", "values"]
     until: str | None = None  # the last release that has it (inclusive); None: every release the table knows
+    unread: str | None = None  # where the parser keeps it and no code reads it: the releases searched, and how
 
     def exists_in(self, version: Version) -> bool:
         return self.until is None or version <= Version(self.until)
@@ -248,8 +249,8 @@ ADDRESSING = frozenset({"--host", "--port", "--trust-remote-code", "--served-mod
 
 
 def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tuple[str, ...]:
-    """The options of `argv` the engine reads and shardwise does not model (its `other_flags`), as given, less
-    the addressing ones; empty for a command the parser refuses."""
+    """The options of `argv` the engine parses and shardwise does not model (its `other_flags`), as given, less
+    the addressing ones, each the engine parses and never reads said so; empty for a command the parser refuses."""
     if table.underscores_to_dashes:
         argv = [_dashed(a) for a in argv]
     try:
@@ -264,7 +265,9 @@ def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tup
         if flag in ADDRESSING:
             continue
         shown = " ".join(value) if isinstance(value, list) else value
-        out.append(flag if value is True else f"{flag} {shown}")
+        given = flag if value is True else f"{flag} {shown}"
+        unread = table.other_flags[int(key.removeprefix("_other"))].unread
+        out.append(f"{given} (the engine never reads it)" if unread else given)
     return tuple(out)
 
 

@@ -33,6 +33,8 @@ DRAFT_KINDS = {
 }
 
 V0522, V0523 = Version("0.5.22"), Version("0.5.23")
+V055, V057, V058, V0511, V0513, V0514 = (Version(v) for v in ("0.5.5", "0.5.7", "0.5.8", "0.5.11", "0.5.13", "0.5.14"))
+SPEC_V2_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})  # the algorithms spec v2 runs (NEXTN is EAGLE)
 
 
 def memory_tier(table_tiers: tuple[dict[str, Any], ...], cluster: ClusterSpec, version: Version) -> dict[str, Any]:
@@ -164,13 +166,13 @@ def _speculative(f: dict[str, Any], version: Version) -> list[Note]:
     if algorithm == "NEXTN":
         f["speculative_algorithm"] = algorithm = "EAGLE"
         notes.append(Note(kind="rewrite", message="NEXTN is an alias of EAGLE", source=f"sglang {version} spec_info"))
-    if algorithm in EAGLE_FAMILY and f.get("max_running_requests") is None:
+    if algorithm in DRAFT_KINDS and f.get("max_running_requests") is None:  # each of their handlers (not UNO's)
         f["max_running_requests"] = 48
         notes.append(
             Note(
                 kind="rewrite",
-                message="EAGLE-family speculative decoding caps max running requests at 48 when unset",
-                source=f"sglang {version} _handle_eagle_family",
+                message="speculative decoding caps max running requests at 48 when unset",
+                source=f"sglang {version} _handle_eagle_family, _handle_ngram, _handle_dflash",
             )
         )
     if algorithm in EAGLE_FAMILY and f.get("speculative_eagle_topk") == 1 and f.get("speculative_num_steps"):
@@ -182,16 +184,57 @@ def _speculative(f: dict[str, Any], version: Version) -> list[Note]:
             speculative_num_draft_tokens=f.get("speculative_dflash_block_size"),
         )
     if algorithm:
-        f["disable_overlap_schedule"], f["enable_mixed_chunk"] = True, False
-        notes.append(
-            Note(
-                kind="rewrite",
-                message="speculative decoding turns the overlap scheduler and mixed chunked prefill off "
-                "(unless SGLANG_ENABLE_SPEC_V2 is set in the environment)",
-                source=f"sglang {version} _handle_speculative_decoding",
-            )
-        )
+        f["enable_mixed_chunk"] = False
+        overlap, why = _spec_overlap(f, algorithm, version)
+        if overlap is not None:
+            f["disable_overlap_schedule"] = not overlap
+        if not f.get("disable_overlap_schedule"):
+            how = "under the overlap scheduler (spec v2)"
+        elif version >= V0514 or (version >= V0513 and algorithm in SPEC_V2_FAMILY):
+            how = f"without the overlap scheduler (spec v2's synchronous path{why})"
+        else:
+            how = f"without the overlap scheduler (spec v1{why})"
+        message = f"speculative decoding runs {how}; mixed chunked prefill off"
+        source = f"sglang {version} {_spec_source(algorithm, version)}"
+        notes.append(Note(kind="rewrite", message=message, source=source))
     return notes
+
+
+def _spec_overlap(f: dict[str, Any], algorithm: str, version: Version) -> tuple[bool | None, str]:
+    """Whether SGLang keeps its overlap scheduler with this speculative algorithm (None: as the command set it), and
+    why not. `spec_v2_env` is SGLANG_ENABLE_SPEC_V2 as the environment sets it (None: unset).
+    - before 0.5.5: never (0.5.4's --enable-beta-spec is not read);
+    - 0.5.5-0.5.10, the variable off by default: set, EAGLE forces it on (0.5.5-0.5.6; EAGLE3 and STANDALONE keep
+      the command's), EAGLE and EAGLE3 (0.5.7), and STANDALONE (0.5.8-0.5.10); anything else turns it off;
+    - 0.5.11-0.5.13, the variable on by default: the EAGLE family keeps the command's unless the variable is off or,
+      before 0.5.13, top-k is above 1; DFLASH, NGRAM and Frozen-KV MTP turn it off;
+    - from 0.5.14 the variable is gone and every algorithm keeps the command's."""
+    env, topk = f.get("spec_v2_env"), f.get("speculative_eagle_topk") or 1
+    if version >= V0514:
+        return None, ""
+    if version >= V0511:
+        if algorithm in ("EAGLE", "EAGLE3", "STANDALONE"):
+            if env is False:
+                return False, ": SGLANG_ENABLE_SPEC_V2 is off"
+            if topk > 1 and version < V0513:
+                return False, ": spec v2 takes top-k 1 only"
+            return None, ""
+        return False, f": {algorithm} has no spec v2 in this release"
+    if version >= V055 and env:
+        forced = {"EAGLE"} if version < V057 else {"EAGLE", "EAGLE3"} if version < V058 else SPEC_V2_FAMILY
+        if algorithm in forced:
+            return True, ""
+        if version < V057 and algorithm in SPEC_V2_FAMILY:
+            return None, ""
+    reason = ": SGLANG_ENABLE_SPEC_V2 is not set" if version >= V055 else ""
+    return False, reason
+
+
+def _spec_source(algorithm: str, version: Version) -> str:
+    if version < V0513:
+        return "server_args.py _handle_speculative_decoding"
+    handler = {"DFLASH": "_handle_dflash", "NGRAM": "_handle_ngram", "FROZEN_KV_MTP": "_handle_frozen_kv_mtp"}
+    return f"arg_groups/speculative_hook.py {handler.get(algorithm, '_handle_eagle_family')}"
 
 
 def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:
@@ -377,6 +420,18 @@ class SGLang(FlagEngine):
     memory_fraction_option: ClassVar[str | None] = "mem_fraction_static"
 
     effective = staticmethod(effective_flags)
+
+    def env_options(self, env: dict[str, str]) -> dict[str, Any]:
+        """SGLANG_ENABLE_SPEC_V2 as SGLang reads it (environ.py EnvBool: a value it cannot read is the default)."""
+        value = env.get("SGLANG_ENABLE_SPEC_V2", "").lower()
+        on = {"true": True, "1": True, "yes": True, "y": True, "false": False, "0": False, "no": False, "n": False}
+        return {"spec_v2_env": on[value]} if value in on else {}
+
+    def launch_env(self, flags: dict[str, Any]) -> list[str]:
+        """The variables `env_options` read, as the command must set them again."""
+        on = flags.get("spec_v2_env")
+        return [] if on is None else [f"SGLANG_ENABLE_SPEC_V2={int(on)}"]
+
     layout = staticmethod(layout_of)
 
     def gpus_used(self, flags: dict[str, Any]) -> int:

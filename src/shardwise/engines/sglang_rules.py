@@ -526,6 +526,47 @@ def mtp_needs_draft(ctx: Context) -> Rejection | None:
     )
 
 
+def spec_v2_topk(ctx: Context) -> Rejection | None:
+    """0.5.7-0.5.10 with SGLANG_ENABLE_SPEC_V2 set: spec v2 refuses an EAGLE tree (EAGLE and EAGLE3; STANDALONE too
+    from 0.5.8) while resolving the arguments."""
+    f, v = ctx.flags, ctx.version
+    algorithms = {"EAGLE", "EAGLE3"} | ({"STANDALONE"} if v >= Version("0.5.8") else set())
+    if not (Version("0.5.7") <= v < Version("0.5.11") and f.get("spec_v2_env")):
+        return None
+    if f.get("speculative_algorithm") not in algorithms or (f.get("speculative_eagle_topk") or 1) <= 1:
+        return None
+    return Rejection(
+        rule="spec_v2_topk",
+        reason="spec v2 (SGLANG_ENABLE_SPEC_V2) drafts a chain only: give --speculative-eagle-topk 1 or unset it",
+        engine_error="ValueError: Spec v2 currently only supports topk = 1 for speculative decoding.",
+        source=_src(ctx, "server_args.py _handle_speculative_decoding"),
+    )
+
+
+def eagle_steps_without_topk(ctx: Context) -> Rejection | None:
+    """An EAGLE-family command that gives --speculative-num-steps leaves the other two to the user (the engine
+    chooses all three only when none is given): a missing top-k reaches the paged-tree check as None, in every
+    release from 0.5.2 (server_args.py; arg_groups/speculative_hook.py _handle_eagle_family from 0.5.13)."""
+    f = ctx.flags
+    if f.get("speculative_algorithm") not in ("EAGLE", "EAGLE3", "STANDALONE"):
+        return None
+    if f.get("speculative_num_steps") is None or f.get("speculative_eagle_topk") is not None:
+        return None
+    return Rejection(
+        rule="eagle_steps_without_topk",
+        reason="--speculative-num-steps without --speculative-eagle-topk: give both (and --speculative-num-draft-tokens"
+        " for a tree), or none of the three for the engine's choice",
+        engine_error="TypeError: '>' not supported between instances of 'NoneType' and 'int'",
+        source=_src(ctx, _eagle_handler(ctx)),
+    )
+
+
+def _eagle_handler(ctx: Context) -> str:
+    if ctx.version >= Version("0.5.13"):
+        return "arg_groups/speculative_hook.py _handle_eagle_family"
+    return "server_args.py _handle_speculative_decoding"
+
+
 def enough_gpus(ctx: Context) -> Rejection | None:
     f = ctx.flags
     needed = f["dp_size"] * f["tp_size"] * f["pp_size"]
@@ -583,6 +624,8 @@ RULES: list[Rule] = [
     pipeline_exclusions,
     feature_combinations,
     mtp_needs_draft,
+    spec_v2_topk,
+    eagle_steps_without_topk,
     attention_dp_support,
     language_model_only,
     allreduce_fusion_platform,

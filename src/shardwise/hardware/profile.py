@@ -153,6 +153,9 @@ class Overheads(Frozen):
     kernel_gpu: Quantity = Field(description="least GPU time of one separately launched kernel")
     graph_launch_cpu: Quantity = Field(description="host time to replay one CUDA graph")
     scheduler_step_cpu: Quantity = Field(description="host time per step for batching, sampling and output")
+    speculative_step_cpu: Quantity = Field(
+        description="host time per speculative step without the overlap scheduler (spec v1)"
+    )
     tokenize_cpu_per_prose_token: Quantity = Field(description="front-end host time per prompt token of prose")
     tokenize_cpu_per_random_token: Quantity = Field(
         description="front-end host time per prompt token of a prompt decoded from random token ids"

@@ -46,7 +46,7 @@ COLUMNS += ("isl", "osl", "concurrency", "num_prompts", "output_tok_s", "median_
 COLUMNS += ("command", "launch_script", "provenance", "random_range_ratio")
 # read where a file has them: `date`, `num_warmups`, `p99_ttft_ms`
 # Environment variables a launch sets that the model reads (the rest are listed per row as not modelled).
-MODELLED_ENV = frozenset({"CUDA_VISIBLE_DEVICES"})
+MODELLED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "SGLANG_ENABLE_SPEC_V2"})
 # Environment that says how Python finds packages, never how fast the engine runs.
 INERT_ENV = frozenset({"PYTHONNOUSERSITE"})
 
