@@ -17,7 +17,7 @@ from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import HEAD_IP, flag_table, head_port
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
 from shardwise.engines.sglang_memory import attn_dp_padding_mib, auto_mem_fraction, prefill_graph_on, vlm_factor
-from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, RULES
+from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, EAGLE_WORKER, RULES, spec_handler
 from shardwise.engines.sglang_support import mla_decode_backend
 from shardwise.engines.sglang_swa import window_pool
 from shardwise.spec.cluster import ClusterSpec
@@ -34,7 +34,6 @@ DRAFT_KINDS = {
 
 V0522, V0523 = Version("0.5.22"), Version("0.5.23")
 V055, V057, V058, V0511, V0513, V0514 = (Version(v) for v in ("0.5.5", "0.5.7", "0.5.8", "0.5.11", "0.5.13", "0.5.14"))
-SPEC_V2_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})  # the algorithms spec v2 runs (NEXTN is EAGLE)
 
 
 def memory_tier(table_tiers: tuple[dict[str, Any], ...], cluster: ClusterSpec, version: Version) -> dict[str, Any]:
@@ -190,12 +189,12 @@ def _speculative(f: dict[str, Any], version: Version) -> list[Note]:
             f["disable_overlap_schedule"] = not overlap
         if not f.get("disable_overlap_schedule"):
             how = "under the overlap scheduler (spec v2)"
-        elif version >= V0514 or (version >= V0513 and algorithm in SPEC_V2_FAMILY):
+        elif version >= V0514 or (version >= V0513 and algorithm in EAGLE_WORKER):
             how = f"without the overlap scheduler (spec v2's synchronous path{why})"
         else:
             how = f"without the overlap scheduler (spec v1{why})"
         message = f"speculative decoding runs {how}; mixed chunked prefill off"
-        source = f"sglang {version} {_spec_source(algorithm, version)}"
+        source = f"sglang {version} {spec_handler(algorithm, version)}"
         notes.append(Note(kind="rewrite", message=message, source=source))
     return notes
 
@@ -213,7 +212,7 @@ def _spec_overlap(f: dict[str, Any], algorithm: str, version: Version) -> tuple[
     if version >= V0514:
         return None, ""
     if version >= V0511:
-        if algorithm in ("EAGLE", "EAGLE3", "STANDALONE"):
+        if algorithm in EAGLE_WORKER:
             if env is False:
                 return False, ": SGLANG_ENABLE_SPEC_V2 is off"
             if topk > 1 and version < V0513:
@@ -221,20 +220,13 @@ def _spec_overlap(f: dict[str, Any], algorithm: str, version: Version) -> tuple[
             return None, ""
         return False, f": {algorithm} has no spec v2 in this release"
     if version >= V055 and env:
-        forced = {"EAGLE"} if version < V057 else {"EAGLE", "EAGLE3"} if version < V058 else SPEC_V2_FAMILY
+        forced = {"EAGLE"} if version < V057 else {"EAGLE", "EAGLE3"} if version < V058 else EAGLE_WORKER
         if algorithm in forced:
             return True, ""
-        if version < V057 and algorithm in SPEC_V2_FAMILY:
+        if version < V057 and algorithm in EAGLE_WORKER:
             return None, ""
     reason = ": SGLANG_ENABLE_SPEC_V2 is not set" if version >= V055 else ""
     return False, reason
-
-
-def _spec_source(algorithm: str, version: Version) -> str:
-    if version < V0513:
-        return "server_args.py _handle_speculative_decoding"
-    handler = {"DFLASH": "_handle_dflash", "NGRAM": "_handle_ngram", "FROZEN_KV_MTP": "_handle_frozen_kv_mtp"}
-    return f"arg_groups/speculative_hook.py {handler.get(algorithm, '_handle_eagle_family')}"
 
 
 def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:

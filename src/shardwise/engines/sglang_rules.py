@@ -29,6 +29,8 @@ A2A_EP_SPANNING = frozenset(
     }
 )
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
+# the algorithms SGLang's EAGLE worker runs, overlapped or not, after NEXTN has become EAGLE (_handle_eagle_family)
+EAGLE_WORKER = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 
 
 def _src(ctx: Context, where: str) -> str:
@@ -539,7 +541,7 @@ def spec_v2_topk(ctx: Context) -> Rejection | None:
         rule="spec_v2_topk",
         reason="spec v2 (SGLANG_ENABLE_SPEC_V2) drafts a chain only: give --speculative-eagle-topk 1 or unset it",
         engine_error="ValueError: Spec v2 currently only supports topk = 1 for speculative decoding.",
-        source=_src(ctx, "server_args.py _handle_speculative_decoding"),
+        source=_src(ctx, spec_handler(f["speculative_algorithm"], v)),
     )
 
 
@@ -548,7 +550,7 @@ def eagle_steps_without_topk(ctx: Context) -> Rejection | None:
     chooses all three only when none is given): a missing top-k reaches the paged-tree check as None, in every
     release from 0.5.2 (server_args.py; arg_groups/speculative_hook.py _handle_eagle_family from 0.5.13)."""
     f = ctx.flags
-    if f.get("speculative_algorithm") not in ("EAGLE", "EAGLE3", "STANDALONE"):
+    if f.get("speculative_algorithm") not in EAGLE_WORKER:
         return None
     if f.get("speculative_num_steps") is None or f.get("speculative_eagle_topk") is not None:
         return None
@@ -557,14 +559,17 @@ def eagle_steps_without_topk(ctx: Context) -> Rejection | None:
         reason="--speculative-num-steps without --speculative-eagle-topk: give both (and --speculative-num-draft-tokens"
         " for a tree), or none of the three for the engine's choice",
         engine_error="TypeError: '>' not supported between instances of 'NoneType' and 'int'",
-        source=_src(ctx, _eagle_handler(ctx)),
+        source=_src(ctx, spec_handler(f["speculative_algorithm"], ctx.version)),
     )
 
 
-def _eagle_handler(ctx: Context) -> str:
-    if ctx.version >= Version("0.5.13"):
-        return "arg_groups/speculative_hook.py _handle_eagle_family"
-    return "server_args.py _handle_speculative_decoding"
+def spec_handler(algorithm: str, version: Version) -> str:
+    """Where SGLang resolves the options of a speculative algorithm: one function in server_args.py, one handler
+    per algorithm in arg_groups/speculative_hook.py from 0.5.13."""
+    if version < Version("0.5.13"):
+        return "server_args.py _handle_speculative_decoding"
+    handler = {"DFLASH": "_handle_dflash", "NGRAM": "_handle_ngram", "FROZEN_KV_MTP": "_handle_frozen_kv_mtp"}
+    return f"arg_groups/speculative_hook.py {handler.get(algorithm, '_handle_eagle_family')}"
 
 
 def enough_gpus(ctx: Context) -> Rejection | None:

@@ -154,7 +154,7 @@ class Overheads(Frozen):
     graph_launch_cpu: Quantity = Field(description="host time to replay one CUDA graph")
     scheduler_step_cpu: Quantity = Field(description="host time per step for batching, sampling and output")
     speculative_step_cpu: Quantity = Field(
-        description="host time per speculative step without the overlap scheduler (spec v1)"
+        description="host time per SGLang speculative decode step without the overlap scheduler"
     )
     tokenize_cpu_per_prose_token: Quantity = Field(description="front-end host time per prompt token of prose")
     tokenize_cpu_per_random_token: Quantity = Field(

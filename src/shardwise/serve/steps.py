@@ -9,8 +9,7 @@
 - `prefill(requests, new_tokens, context)`: one prefill step.
 It also carries the host time before a request reaches the scheduler: the machine's calibrated trip
 (`first_token_host_s`) and the front end's tokenising of the prompt (`tokenize_s_per_token`), which the serving
-models add
-before each request's first step.
+models add before each request's first step.
 Exact answers are cached by their arguments. The simulation asks for thousands of shapes, so `decode_s` and
 `prefill_s` interpolate linearly between exact answers on a grid (every batch up to 64, then 16 per
 doubling; contexts every 256 tokens): step time is close to linear in context and smooth in batch size.
