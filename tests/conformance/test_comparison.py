@@ -30,6 +30,7 @@ def _resolved(e: Emitted) -> dict:
     setup = shardwise_check(e, BOX).setup
     f = setup.flags
     return {"mem_fraction_static": f["mem_fraction_static"], "chunked_prefill_size": f["chunked_prefill_size"],
+            "max_prefill_tokens": f["max_prefill_tokens"],
             "cuda_graph_max_bs": f["cuda_graph_max_bs"], "max_running_requests": f.get("max_running_requests"),
             "ep_size": f["ep_size"], "attn_dp_size": f["attn_dp_size"], "dp_size": f["dp_size"],
             "page_size": f["page_size"], "enable_dp_lm_head": bool(f.get("enable_dp_lm_head")),

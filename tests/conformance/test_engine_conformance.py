@@ -87,6 +87,7 @@ def sglang_sizes(setup: Setup, resolved: dict) -> list[tuple[str, object, object
     return [
         ("mem_fraction_static", f["mem_fraction_static"], resolved["mem_fraction_static"]),
         ("chunked_prefill_size", f["chunked_prefill_size"], resolved["chunked_prefill_size"]),
+        ("max_prefill_tokens", f["max_prefill_tokens"], resolved["max_prefill_tokens"]),
         ("cuda_graph_max_bs", f["cuda_graph_max_bs"], resolved.get("cuda_graph_max_bs")),
         ("max_running_requests", f.get("max_running_requests"), resolved["max_running_requests"]),
         ("ep_size", f["ep_size"], resolved["ep_size"]),
@@ -327,6 +328,27 @@ def test_speculative_decoding_keeps_the_overlap_scheduler_as_the_engine_does():
     assert not broken, "the oracle did not answer:\n" + "\n".join(broken)
     assert [a["resolved"]["disable_overlap_schedule"] for a in answers[:4]] == [False, False, False, True]
     assert answers[4]["refusal"]["type"] == "TypeError"
+    problems = disagreements(items, answers)
+    assert not problems, "\n".join(problems)
+
+
+def test_prefill_budgets_are_the_engines():
+    """Chunked prefill turned off and prefill budgets of the command's, on the engine release CI installs: where it
+    does not chunk, the memory fraction it chooses reserves activations for its prefill budget, not a chunk; the
+    resolved chunk and budget, every size and the KV pool compared as for the emitted commands."""
+    _available("sglang", "0.5.23")
+    base = "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8 --trust-remote-code "
+    commands = ["--chunked-prefill-size -1", "--chunked-prefill-size -1 --max-prefill-tokens 32768",
+                "--max-prefill-tokens 4096"]  # fmt: skip
+    box = load_cluster("8xh200")
+    items = [(_emitted_from("sglang", "0.5.23", base + flags), box) for flags in commands]
+    answers = ask("sglang", "0.5.23", items)
+    broken = crashes([(e, a) for (e, _), a in zip(items, answers, strict=True)])
+    assert not broken, "the oracle did not answer:\n" + "\n".join(broken)
+    assert [(a["resolved"]["chunked_prefill_size"], a["resolved"]["max_prefill_tokens"]) for a in answers] == [
+        (-1, 16384), (-1, 32768), (8192, 4096)]  # fmt: skip
+    fractions = [a["resolved"]["mem_fraction_static"] for a in answers]
+    assert fractions[0] != fractions[2]  # the unchunked reserve reads the budget: the test can tell them apart
     problems = disagreements(items, answers)
     assert not problems, "\n".join(problems)
 

@@ -8,3 +8,28 @@ def test_a_command_without_its_speculative_options():
     assert without_speculative(sglang) == ["python", "-m", "sglang.launch_server", "--model-path", "m", "--tp", "8"]
     vllm = ["vllm", "serve", "m", "--speculative-config", '{"method": "ngram"}', "-tp", "2"]
     assert without_speculative(vllm) == ["vllm", "serve", "m", "-tp", "2"]
+
+
+def test_chunked_prefill_off_and_the_prefill_budget():
+    """--chunked-prefill-size -1 turns chunking off (scheduler.py init_chunked_prefill), so --enable-mixed-chunk has
+    nothing to mix (is_mixed_chunk needs a chunk) and every prompt after a batch's first must fit the prefill budget
+    whole; --max-prefill-tokens reaches the scheduler as given, 16,384 unset; chunked, the whole-prompt test holds
+    before 0.5.13 only."""
+    from shardwise.engines.check import check_command
+    from shardwise.spec.cluster import load_cluster
+
+    box = load_cluster("1xh100")
+    base = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --enable-mixed-chunk "
+
+    def options(flags: str, version: str = "0.5.23"):
+        return check_command(base + flags, cluster=box, version=version).setup.layout.options
+
+    off = options("--chunked-prefill-size -1 --max-prefill-tokens 4096")
+    assert off.chunked_prefill_tokens is None and off.prefill_plan_tokens == 4096
+    assert (off.scheduler.mixed_batches, off.scheduler.max_prefill_tokens, off.scheduler.whole_prompts) == (
+        False, 4096, True)  # fmt: skip
+    on = options("")
+    assert on.chunked_prefill_tokens == 8192 and on.prefill_plan_tokens == 8192
+    assert (on.scheduler.mixed_batches, on.scheduler.max_prefill_tokens, on.scheduler.whole_prompts) == (
+        True, 16384, False)  # fmt: skip
+    assert options("", "0.5.12").scheduler.whole_prompts

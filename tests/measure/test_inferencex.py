@@ -177,6 +177,8 @@ STATED = {
     "GPU: mi300x": {"output_tok_s": 0.53, "tpot_ms": 0.33, "ttft_ms": 0.48},
     "GPU: mi325x": {"output_tok_s": 0.51, "tpot_ms": 0.32, "ttft_ms": 0.36},
     "GPU: mi355x": {"output_tok_s": 0.18, "tpot_ms": 0.17, "ttft_ms": 0.37},
+    "kernel tables: measured": {"output_tok_s": 0.08, "tpot_ms": 0.09, "ttft_ms": 0.24},
+    "kernel tables: none": {"output_tok_s": 0.29, "tpot_ms": 0.26, "ttft_ms": 0.40},
     "family: sglang TP": {"output_tok_s": 0.21, "tpot_ms": 0.20, "ttft_ms": 0.38},
     "family: sglang TP EP": {"output_tok_s": 0.07, "tpot_ms": 0.08, "ttft_ms": 0.17},
 }

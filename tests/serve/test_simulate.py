@@ -463,3 +463,42 @@ def test_a_request_sent_between_reads_waits_for_the_next_by_hand():
     assert waits["--scheduler-recv-interval 10"] == pytest.approx(
         prefill + 9 * overlapped.decode_s(1, 100 + 92 + 4), rel=2e-3
     )
+
+
+LLAMA_SGLANG = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("flags", "version", "batches"),
+    [
+        # 8,192-token chunks, the 16,384-token budget: the second prompt fits what is left of it, so the chunk cuts it
+        ("--chunked-prefill-size 8192", "0.5.12", [[6000, 2192], [3808, 4384], [1616, 6000]]),
+        # a budget below the chunk: before 0.5.13 a prompt joins only whole under what is left (6,000 >= 2,192: waits);
+        # from 0.5.13 it joins while any is left, the chunk alone cutting it
+        ("--chunked-prefill-size 16384 --max-prefill-tokens 8192", "0.5.12", [[6000], [6000], [6000], [6000]]),
+        ("--chunked-prefill-size 16384 --max-prefill-tokens 8192", "0.5.13", [[6000, 6000], [6000, 6000]]),
+        # unchunked: whole prompts under the budget (the third, 6,000 >= 4,384 left, waits) ...
+        ("--chunked-prefill-size -1", "0.5.13", [[6000, 6000], [6000, 6000]]),
+        # ... and the first whole whatever the budget
+        ("--chunked-prefill-size -1 --max-prefill-tokens 4096", "0.5.13", [[6000], [6000], [6000], [6000]]),
+    ],
+)
+def test_sglang_prefill_batches_by_hand(flags, version, batches):
+    """Four 6,000-token prompts waiting at once, batched as SGLang's PrefillAdder does (schedule_policy.py
+    budget_state and add_one_req): the chunk cuts the last prompt to fit, --max-prefill-tokens closes the batch once
+    spent and, before 0.5.13 or unchunked, lets a later prompt in only whole under what is left. The closed form
+    takes as many whole prompts per batch as the first batch holds."""
+    cluster = load_cluster("1xh100")
+    checked = check_command(f"{LLAMA_SGLANG} {flags}", cluster=cluster, version=version)
+    layout = checked.setup.layout
+    memory = memory_ledger(checked.model, layout, cluster)
+    steps = StepTimes(checked.model, layout, cluster)
+    workload = WorkloadSpec(input=Lengths.fixed(6000), output=Lengths.fixed(16), num_requests=4, offline=True)
+    run = _Run(Simulation(steps, memory), draw(workload), None, None, offline=True)
+    rank = run.ranks[0]
+    rank.waiting.extend(range(4))
+    made = []
+    while rank.waiting or rank.chunked is not None:
+        made.append([take for _, take in run._prefill_batch(rank)])
+    assert made == batches
+    assert Predictor(steps, memory)._per_batch(6000) == sum(take == 6000 for take in batches[0])

@@ -337,9 +337,9 @@ def memory_ledger(
     stage_weights = [sum(c.values()) for c in stage_components]
     rt = runtime_bytes(layout, cluster)
     vlm_cache = runtime().vlm_cache.si("bytes") if model.vision and not opts.activations_in_budget else 0.0
-    if opts.chunked_prefill_tokens is None or opts.memory_fraction is None:
-        raise ValueError("layout lacks its engine's chunked-prefill size or memory fraction; build it with an engine")
-    chunk = opts.chunked_prefill_tokens
+    chunk = opts.prefill_plan_tokens
+    if chunk is None or opts.memory_fraction is None:
+        raise ValueError("layout lacks its engine's prefill budget or memory fraction; build it with an engine")
     sampled = min(chunk, opts.max_running_requests or chunk)
     act = activation_bytes(model, layout, chunk, sampled=sampled)
     graph_batch = opts.cuda_graph_max_bs or 0

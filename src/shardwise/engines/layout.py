@@ -72,6 +72,17 @@ class SchedulerPolicy(Frozen):
         description="the scheduler reads newly sent requests only every this many decode steps (at once after a "
         "prefill step or while idle): SGLang --scheduler-recv-interval",
     )
+    max_prefill_tokens: int | None = Field(
+        None,
+        description="a prefill batch takes no further request once this many prompt tokens are in it (SGLang "
+        "--max-prefill-tokens: managers/schedule_policy.py PrefillAdder.budget_state); None: its chunk alone bounds it",
+    )
+    whole_prompts: bool = Field(
+        False,
+        description="a request after the prefill batch's first joins only if its whole prompt fits under what is left "
+        "of max_prefill_tokens, and otherwise waits for the next prefill (SGLang PrefillAdder.add_one_req: before "
+        "0.5.13 always, from 0.5.13 only where prefills are not chunked)",
+    )
     runs_finished_step: bool = Field(
         False,
         description="overlapping the GPU, the scheduler runs the step it formed before it learned that a request "
@@ -117,7 +128,12 @@ class EngineOptions(Frozen):
         "RMSNorm after it (SGLang's FlashInfer fusion, vLLM's fusion pass); 0 = never",
     )
     kv_cache_dtype: str | None = Field(None, description="None = the model's dtype")
-    chunked_prefill_tokens: int | None = None
+    chunked_prefill_tokens: int | None = Field(
+        None,
+        description="the most prompt tokens one prefill step takes, the last request cut to fit (SGLang "
+        "--chunked-prefill-size, vLLM --max-num-batched-tokens); None: prompts are never cut (SGLang's chunked "
+        "prefill off, --chunked-prefill-size -1), and a step holds what the scheduler's max_prefill_tokens lets in",
+    )
     max_running_requests: int | None = Field(None, description="request slots per attention-DP rank")
     memory_fraction: float | None = Field(None, description="SGLang mem_fraction_static / vLLM gpu_memory_utilization")
     memory_fraction_of: Literal["free_at_start", "total"] = Field(
@@ -166,6 +182,12 @@ class EngineOptions(Frozen):
     )
     spec: SpecDecode | None = None
     scheduler: SchedulerPolicy = SchedulerPolicy(mixed_batches=False, evict="newest")
+
+    @property
+    def prefill_plan_tokens(self) -> int | None:
+        """The prompt tokens the engine plans one prefill step for (its activations, its reserve): its chunk, or
+        unchunked, its prefill budget (SGLang sizes both so: server_args.py, mem_fraction_static unset)."""
+        return self.chunked_prefill_tokens or self.scheduler.max_prefill_tokens
 
 
 class Layout(Frozen):

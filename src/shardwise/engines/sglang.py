@@ -139,7 +139,8 @@ def _scheduling(f: dict[str, Any], tier: dict[str, Any], version: Version) -> li
         f["chunked_prefill_size"] = tier["chunked_prefill_size"]
     f["chunked_prefill_undivided"] = f["chunked_prefill_size"]  # the memory rule reads it before the DP split
     if f["attn_dp_size"] > 1:
-        f["chunked_prefill_size"] //= f["attn_dp_size"]
+        f["chunked_prefill_size"] //= f["attn_dp_size"]  # -1 (chunking off) stays -1
+    if f["attn_dp_size"] > 1 and f["chunked_prefill_size"] > 0:
         notes.append(
             Note(
                 kind="rewrite",
@@ -323,6 +324,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
             topk=f.get("speculative_eagle_topk"),
             draft_model=f.get("speculative_draft_model_path"),
         )
+    chunk = f["chunked_prefill_size"] if f["chunked_prefill_size"] > 0 else None  # <= 0: chunked prefill off
     options = EngineOptions(
         cuda_graph=f["cuda_graph"],
         cuda_graph_max_bs=f["cuda_graph_max_bs"] if f["cuda_graph"] else None,
@@ -331,7 +333,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         eplb=bool(f.get("enable_eplb")),
         allreduce_norm_fusion_tokens=f.get("allreduce_norm_fusion_tokens", 0),
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
-        chunked_prefill_tokens=f.get("chunked_prefill_size"),
+        chunked_prefill_tokens=chunk,
         max_running_requests=(
             max(1, f["max_running_requests"] // f["attn_dp_size"]) if f.get("max_running_requests") else None
         ),  # SGLang's limit is split per DP rank
@@ -343,7 +345,12 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         page_size=f["page_size"],
         window_pool=window_pool(f, model),
         spec=spec,
-        scheduler=_scheduler(bool(f.get("enable_mixed_chunk")), max(1, f["scheduler_recv_interval"])),
+        scheduler=_scheduler(
+            bool(f.get("enable_mixed_chunk")) and chunk is not None,  # mixing needs chunked prefill (is_mixed_chunk)
+            max(1, f["scheduler_recv_interval"]),
+            f["max_prefill_tokens"],
+            version < V0513 or chunk is None,
+        ),
     )
     return Layout(
         engine="sglang",
@@ -368,10 +375,18 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
 
 
 @cache
-def _scheduler(mixed_batches: bool, poll_decode_steps: int) -> SchedulerPolicy:
+def _scheduler(
+    mixed_batches: bool, poll_decode_steps: int, max_prefill_tokens: int, whole_prompts: bool
+) -> SchedulerPolicy:
     """SGLang's scheduler policy (one object per setting for every layout: a search holds thousands)."""
     table = flag_table("sglang").scheduler
-    return SchedulerPolicy(**{**table, "mixed_batches": mixed_batches, "poll_decode_steps": poll_decode_steps})
+    own = {
+        "mixed_batches": mixed_batches,
+        "poll_decode_steps": poll_decode_steps,
+        "max_prefill_tokens": max_prefill_tokens,
+        "whole_prompts": whole_prompts,
+    }
+    return SchedulerPolicy(**{**table, **own})
 
 
 def _dcp_comm(f: dict[str, Any]) -> dict[str, Any]:

@@ -100,7 +100,8 @@ def auto_mem_fraction(
     f: dict[str, Any], *, model: ModelSpec, gpu_mem_mib: float, version: Version
 ) -> tuple[float, float]:
     """(mem_fraction_static, reserved MiB) as SGLang chooses them when --mem-fraction-static is unset."""
-    activation_tokens = max(f["chunked_prefill_undivided"], 2048)
+    chunk = f["chunked_prefill_undivided"]
+    activation_tokens = max(chunk if chunk > 0 else f["max_prefill_tokens"], 2048)  # unchunked: the prefill budget
     reserved = 512 + activation_tokens * 1.5  # attention-backend metadata + activations
     reserved += f["tp_size"] * f["pp_size"] / 8 * 1024  # slack for large parallel groups
     reserved += graph_reserve_mib(f, model, version)

@@ -422,9 +422,16 @@ def validated_csv(checked: list[Checked]) -> str:
     return out.getvalue()
 
 
+def tables_of(c: Checked) -> str:
+    """Whether measured kernel tables price any op of the row's decode step ('measured'), or every op sits at its
+    roofline bound ('none'): no table of that GPU, engine and shape (no AMD GPU has one)."""
+    return "measured" if (c.coverage or {}).get("measured_share", 0.0) > 0 else "none"
+
+
 BREAKDOWNS = {
     "release": lambda c: f"{c.engine} {c.row.engine_version or 'unknown'}",
     "GPU": lambda c: c.row.gpus.split("x", 1)[-1],
+    "kernel tables": tables_of,
     "family": family_of,
     "load": lambda c: load_of(c.row),
     "source": lambda c: INFERENCEX if from_inferencex(c.row) else "publications and measured files",

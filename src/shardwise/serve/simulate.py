@@ -121,7 +121,7 @@ class Simulation:
         self.scale = self.ranks_per_instance * layout.replicas  # requests per rank → StepTimes' whole-layout view
         self.pool = memory.kv_usable_tokens_per_rank  # less what the engine holds back (vLLM: its null block)
         self.slots = memory.max_running_requests_per_rank or 1 << 30
-        self.chunk = layout.options.chunked_prefill_tokens or 8192
+        self.chunk = layout.options.chunked_prefill_tokens  # None: prompts are never cut
         self.poll = self.policy.poll_decode_steps
         self.reads = reads(layout)
         self.tau = steps.tokens
@@ -289,28 +289,39 @@ class _Run:
     # --- one step with prefill ----------------------------------------------------------------------------
 
     def _prefill_batch(self, rank: _Rank) -> list[tuple[int, float]]:
-        """(request, tokens) this rank prefills in the next step, under the chunk budget: the request part way
-        through first, then the queue in order while each fits. Its KV is allocated now, as engines do."""
-        budget = float(self.sim.chunk)
-        if self.sim.policy.mixed_batches:
+        """(request, tokens) this rank prefills in the next step: the request part way through first, then the queue
+        in order while each fits the KV pool, under two budgets. The chunk cuts the last request to fit (unchunked,
+        each prompt goes whole); the scheduler's prefill budget (SGLang's max_prefill_tokens) takes no further request
+        once spent, and where the engine asks it (`whole_prompts`) one after the first only if its whole prompt fits
+        what is left: it waits for the next prefill instead. Its KV is allocated now, as engines do."""
+        policy = self.sim.policy
+        chunk = float(self.sim.chunk) if self.sim.chunk else math.inf
+        budget = float(policy.max_prefill_tokens) if policy.max_prefill_tokens else math.inf
+        if policy.mixed_batches:  # the decode tokens share both
+            chunk -= len(rank.running) * self.sim.verify
             budget -= len(rank.running) * self.sim.verify
         batch: list[tuple[int, float]] = []
         candidates = [rank.chunked] if rank.chunked is not None else []
-        while budget >= 1:
+        while chunk >= 1 and budget > 0:
             if candidates:
                 i = candidates.pop()
             elif rank.waiting and self._admissible(rank, rank.waiting[0]):
-                i = rank.waiting.popleft()
+                i = rank.waiting[0]
                 if self.decode_only and self.done_prefill[i] == 0 and self.need[i] == self.isl[i]:
+                    rank.waiting.popleft()
                     self._cached(rank, i)
                     continue
+                if batch and policy.whole_prompts and self.need[i] - self.done_prefill[i] >= budget:
+                    break  # its whole prompt does not fit what is left of the prefill budget
+                rank.waiting.popleft()
                 rank.chunked = i  # held while its prefill is under way
             else:
                 break
-            take = min(self.need[i] - self.done_prefill[i], budget)
+            take = min(self.need[i] - self.done_prefill[i], chunk)
             batch.append((i, take))
             rank.held += self._growth(i, take)
             self.done_prefill[i] += take
+            chunk -= take
             budget -= take
             if self.done_prefill[i] < self.need[i] - 1e-9:
                 break  # part of it waits for the next step, as the rank's chunked request

@@ -99,7 +99,7 @@ class Predictor:
         layouts, which differ only where their KV pools cap the running requests differently."""
         self.layout, self.memory = steps.layout, memory
         self.steps = steps
-        self.chunk = self.layout.options.chunked_prefill_tokens or 8192
+        self.chunk = self.layout.options.chunked_prefill_tokens  # None: prompts are never cut
         # prefill times by what they follow from, shared with the layouts that share the step times
         self._prefills = self.steps.prefills.sums
         self._chunks = self.steps.prefills.chunks
@@ -251,17 +251,29 @@ class Predictor:
         if made is None:
             ranks = max(1, min(self.memory.ranks, running))  # ranks with a request to prefill
             alone = self._prefill_chunks(1, isl, ranks=1)
-            together = max(1, min(math.ceil(running / ranks), self.chunk // max(1, isl)))
+            together = min(math.ceil(running / ranks), self._per_batch(isl))
             batch = self._prefill_chunks(together, isl, ranks=ranks)
             made = self._prefills[key] = (batch / (together * ranks), alone, batch)
         return made
+
+    def _per_batch(self, isl: int) -> int:
+        """Whole prompts of `isl` tokens one prefill batch takes: as many as its chunk holds, and no more than the
+        scheduler's prefill budget lets in (Simulation._prefill_batch: one after the first only under what is left of
+        it where the engine asks for whole prompts, else until it is spent)."""
+        isl = max(1, isl)
+        policy = self.layout.options.scheduler
+        most = self.chunk // isl if self.chunk else math.inf
+        if policy.max_prefill_tokens:
+            budget = policy.max_prefill_tokens
+            most = min(most, (budget - 1) // isl if policy.whole_prompts else -(-budget // isl))
+        return max(1, int(min(most, 1 << 30)))
 
     def _prefill_chunks(self, per_rank: int, isl: int, *, ranks: int) -> float:
         """Time to prefill `per_rank` requests of `isl` tokens on each of `ranks` ranks, chunk by chunk."""
         key = (per_rank, isl, ranks, self.chunk)
         if key not in self._chunks:
             total, done = 0.0, 0
-            per_chunk = max(1, self.chunk // per_rank)
+            per_chunk = max(1, self.chunk // per_rank) if self.chunk else isl
             while done < isl:
                 new = min(per_chunk, isl - done)
                 total += self.steps.prefill(per_rank * ranks, new, done)
