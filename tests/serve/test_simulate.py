@@ -469,36 +469,72 @@ LLAMA_SGLANG = "python -m sglang.launch_server --model-path meta-llama/Llama-3.1
 
 
 @pytest.mark.parametrize(
-    ("flags", "version", "batches"),
+    ("flags", "version", "isl", "batches"),
     [
         # 8,192-token chunks, the 16,384-token budget: the second prompt fits what is left of it, so the chunk cuts it
-        ("--chunked-prefill-size 8192", "0.5.12", [[6000, 2192], [3808, 4384], [1616, 6000]]),
+        ("--chunked-prefill-size 8192", "0.5.12", 6000, [[6000, 2192], [3808, 4384], [1616, 6000]]),
         # a budget below the chunk: before 0.5.13 a prompt joins only whole under what is left (6,000 >= 2,192: waits);
         # from 0.5.13 it joins while any is left, the chunk alone cutting it
-        ("--chunked-prefill-size 16384 --max-prefill-tokens 8192", "0.5.12", [[6000], [6000], [6000], [6000]]),
-        ("--chunked-prefill-size 16384 --max-prefill-tokens 8192", "0.5.13", [[6000, 6000], [6000, 6000]]),
-        # unchunked: whole prompts under the budget (the third, 6,000 >= 4,384 left, waits) ...
-        ("--chunked-prefill-size -1", "0.5.13", [[6000, 6000], [6000, 6000]]),
+        ("--chunked-prefill-size 16384 --max-prefill-tokens 8192", "0.5.12", 6000, [[6000]] * 4),
+        ("--chunked-prefill-size 16384 --max-prefill-tokens 8192", "0.5.13", 6000, [[6000, 6000]] * 2),
+        # the prefix cache off: requests that run to their length go through add_one_req_ignore_eos, no whole test
+        (
+            "--chunked-prefill-size 16384 --max-prefill-tokens 8192 --disable-radix-cache",
+            "0.5.12",
+            6000,
+            [[6000, 6000]] * 2,
+        ),
+        # unchunked: whole prompts under the budget (the third, 6,000 >= 4,384 left, waits; 8,192 >= 8,192 too) ...
+        ("--chunked-prefill-size -1", "0.5.13", 6000, [[6000, 6000]] * 2),
+        ("--chunked-prefill-size -1", "0.5.13", 8192, [[8192]] * 4),
         # ... and the first whole whatever the budget
-        ("--chunked-prefill-size -1 --max-prefill-tokens 4096", "0.5.13", [[6000], [6000], [6000], [6000]]),
+        ("--chunked-prefill-size -1 --max-prefill-tokens 4096", "0.5.13", 6000, [[6000]] * 4),
+        # a resumed chunk spends the budget: 0.5.14 still lets the next request in, cut to the rest of the chunk;
+        # 0.5.23 asks the budget before the first waiting request too
+        (
+            "--chunked-prefill-size 16384 --max-prefill-tokens 4096",
+            "0.5.14",
+            30000,
+            [[16384], [13616, 2768], [16384], [10848, 5536], [16384], [8080, 8304], [16384], [5312]],
+        ),
+        ("--chunked-prefill-size 16384 --max-prefill-tokens 4096", "0.5.23", 30000, [[16384], [13616]] * 4),
     ],
 )
-def test_sglang_prefill_batches_by_hand(flags, version, batches):
-    """Four 6,000-token prompts waiting at once, batched as SGLang's PrefillAdder does (schedule_policy.py
-    budget_state and add_one_req): the chunk cuts the last prompt to fit, --max-prefill-tokens closes the batch once
-    spent and, before 0.5.13 or unchunked, lets a later prompt in only whole under what is left. The closed form
-    takes as many whole prompts per batch as the first batch holds."""
-    cluster = load_cluster("1xh100")
-    checked = check_command(f"{LLAMA_SGLANG} {flags}", cluster=cluster, version=version)
-    layout = checked.setup.layout
-    memory = memory_ledger(checked.model, layout, cluster)
-    steps = StepTimes(checked.model, layout, cluster)
-    workload = WorkloadSpec(input=Lengths.fixed(6000), output=Lengths.fixed(16), num_requests=4, offline=True)
-    run = _Run(Simulation(steps, memory), draw(workload), None, None, offline=True)
+def test_sglang_prefill_batches_by_hand(flags, version, isl, batches):
+    """Four prompts waiting at once, batched as SGLang's PrefillAdder does (schedule_policy.py budget_state,
+    add_one_req, add_one_req_ignore_eos; scheduler.py get_new_batch_prefill): the chunk cuts the last prompt to fit,
+    --max-prefill-tokens closes the batch once spent and, before 0.5.13 or unchunked, lets a later prompt in only
+    whole under what is left. The closed form takes as many whole prompts per batch as the first batch holds (one,
+    where the chunk cuts the first)."""
+    steps, memory, run = _prefill_run(flags, version, isl)
     rank = run.ranks[0]
     rank.waiting.extend(range(4))
     made = []
     while rank.waiting or rank.chunked is not None:
         made.append([take for _, take in run._prefill_batch(rank)])
     assert made == batches
-    assert Predictor(steps, memory)._per_batch(6000) == sum(take == 6000 for take in batches[0])
+    assert Predictor(steps, memory)._per_batch(isl) == max(1, sum(take == isl for take in batches[0]))
+
+
+def test_mixed_decode_rows_spend_sglangs_prefill_budget():
+    """--enable-mixed-chunk: the running requests' decode tokens come out of the chunk and the prefill budget both
+    (PrefillAdder num_mixed_decode_tokens), so beside 2 running requests a second 4,095-token prompt no longer fits
+    what is left of 8,192 whole (4,095 >= 8,190 - 4,095) and waits; alone it would have joined."""
+    flags = "--enable-mixed-chunk --chunked-prefill-size 8192 --max-prefill-tokens 8192"
+    _, _, run = _prefill_run(flags, "0.5.12", 4095, requests=6)
+    rank = run.ranks[0]
+    rank.running.extend([4, 5])
+    rank.waiting.extend(range(4))
+    assert [take for _, take in run._prefill_batch(rank)] == [4095]
+    rank.running.clear()
+    assert [take for _, take in run._prefill_batch(rank)] == [4095, 4095]
+
+
+def _prefill_run(flags: str, version: str, isl: int, *, requests: int = 4):
+    cluster = load_cluster("1xh100")
+    checked = check_command(f"{LLAMA_SGLANG} {flags}", cluster=cluster, version=version)
+    layout = checked.setup.layout
+    memory = memory_ledger(checked.model, layout, cluster)
+    steps = StepTimes(checked.model, layout, cluster)
+    workload = WorkloadSpec(input=Lengths.fixed(isl), output=Lengths.fixed(16), num_requests=requests, offline=True)
+    return steps, memory, _Run(Simulation(steps, memory), draw(workload), None, None, offline=True)

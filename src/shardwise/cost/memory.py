@@ -794,7 +794,8 @@ def _headroom_warnings(
         return []
     need = act + graphs
     return [
-        f"GPU {firsts[tight]}: activations at the prefill chunk and CUDA graphs need about {need / GiB:.1f} GiB "
-        f"but {(need + free[tight]) / GiB:.1f} GiB remain after weights, KV cache and runtime: "
-        "expect out-of-memory under load; lower the chunked-prefill size or the memory fraction"
+        f"GPU {firsts[tight]}: activations at the prefill chunk (unchunked, the prefill budget) and CUDA graphs "
+        f"need about {need / GiB:.1f} GiB but {(need + free[tight]) / GiB:.1f} GiB remain after weights, KV cache "
+        "and runtime: expect out-of-memory under load; lower the chunked-prefill size (unchunked, the prefill "
+        "budget) or the memory fraction"
     ]

@@ -75,6 +75,7 @@ class Option(Frozen):
     default: Any = None
     choices: tuple[str, ...] | None = None
     required: bool = False
+    partly: str | None = None  # what of it the model does not price: listed as not modelled where a command sets it
 
     def spellings(self, version: Version) -> list[str]:
         out = []
@@ -259,6 +260,10 @@ def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tup
         return ()
     out = []
     for key, value in vars(namespace).items():
+        option = table.options.get(key)
+        if option is not None and option.partly and value not in (None, False, option.default):
+            given = option.spellings(version)[0] if value is True else f"{option.spellings(version)[0]} {value}"
+            out.append(f"{given} ({option.partly})")
         if not key.startswith("_other") or value is None:
             continue
         flag = table.other_flags[int(key.removeprefix("_other"))].flags[0]

@@ -81,7 +81,14 @@ class SchedulerPolicy(Frozen):
         False,
         description="a request after the prefill batch's first joins only if its whole prompt fits under what is left "
         "of max_prefill_tokens, and otherwise waits for the next prefill (SGLang PrefillAdder.add_one_req: before "
-        "0.5.13 always, from 0.5.13 only where prefills are not chunked)",
+        "0.5.13 always, from 0.5.13 only where prefills are not chunked; never with the prefix cache off, where "
+        "add_one_req_ignore_eos admits the requests that run to their length)",
+    )
+    budget_first: bool = Field(
+        False,
+        description="the scheduler asks whether the prefill budget is spent before each waiting request, the first "
+        "included (SGLang 0.5.23 scheduler.py: a resumed chunk or the mixed decode rows can spend it); before, only "
+        "after each request it adds (add_one_req returns budget_state)",
     )
     runs_finished_step: bool = Field(
         False,

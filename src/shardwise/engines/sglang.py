@@ -349,7 +349,8 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
             bool(f.get("enable_mixed_chunk")) and chunk is not None,  # mixing needs chunked prefill (is_mixed_chunk)
             max(1, f["scheduler_recv_interval"]),
             f["max_prefill_tokens"],
-            version < V0513 or chunk is None,
+            (version < V0513 or chunk is None) and not f.get("disable_radix_cache"),
+            version >= V0523,
         ),
     )
     return Layout(
@@ -376,7 +377,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
 
 @cache
 def _scheduler(
-    mixed_batches: bool, poll_decode_steps: int, max_prefill_tokens: int, whole_prompts: bool
+    mixed_batches: bool, poll_decode_steps: int, max_prefill_tokens: int, whole_prompts: bool, budget_first: bool
 ) -> SchedulerPolicy:
     """SGLang's scheduler policy (one object per setting for every layout: a search holds thousands)."""
     table = flag_table("sglang").scheduler
@@ -385,6 +386,7 @@ def _scheduler(
         "poll_decode_steps": poll_decode_steps,
         "max_prefill_tokens": max_prefill_tokens,
         "whole_prompts": whole_prompts,
+        "budget_first": budget_first,
     }
     return SchedulerPolicy(**{**table, **own})
 

@@ -32,6 +32,10 @@ DECODE_METRICS = ("output_tok_s", "tpot_ms")
 # time without output: from their medians (which understate the mean latency), InferenceX runs after warm-up
 # requests fall at most 12 % short (3 % at the median); from their means, where given, at most 3 %
 IDLE_SHARE = 0.15
+PRICED_ALIKE = 0.05  # two predictions of time per token this close are the same price to the model
+# how far apart one configuration's runs on different days fall (InferenceX's README: up to about 30 %): two releases
+# measured further apart than this differ by more than the day they ran
+DAY_TO_DAY = 0.30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,12 +58,13 @@ def beyond(c: Checked) -> list[str]:
 def explain(c: Checked, others: list[Checked], *, priced: bool = True) -> list[Mechanism]:
     """The mechanisms that could put this row's measurement where it is (none when within the stated accuracy).
     `others` are every row validated with it: those of the same machine and source check a priced mechanism.
-    `priced=False` names only what the measurement itself says (what its source left open, time it spent without
-    output): what a set of hundreds of rows, summarised by group, can afford."""
+    `priced=False` names only what the measurements themselves say (what its source left open, time it spent without
+    output, another release measured at the same load): what a set of hundreds of rows, summarised by group, can
+    afford."""
     metrics = beyond(c)
     if not metrics or c.simulated is None:
         return []
-    said = [_assumed(c), _time_without_output(c)]
+    said = [_assumed(c), _time_without_output(c), _other_release(c, others)]
     if not priced:
         return [m for m in said if m is not None]
     siblings = [
@@ -390,6 +395,43 @@ def _assumed(c: Checked) -> Mechanism | None:
     if not c.row.assumed:
         return None
     return Mechanism(name="assumption", why=f"the source left this open and the row assumes it: {c.row.assumed}")
+
+
+def _other_release(c: Checked, others: list[Checked]) -> Mechanism | None:
+    """The same GPUs, model, layout and load measured on another release of the engine, which the model matches
+    within its stated accuracy and prices within a few per cent of this row, while the two measurements differ by
+    more than one configuration's runs on different days do: the rest of this row's gap in time per token is its
+    own release's kernels and scheduler. The model prices releases alike where their rules agree: its kernel tables
+    are one release's, and where there are none the rooflines are every release's."""
+    measured, predicted = c.row.tpot_ms, c.value("tpot_ms")
+    if measured is None or predicted is None or not beyond_stated(c.error("tpot_ms"), "tpot_ms", speculative=False):
+        return None
+    alike = []
+    for o in others:
+        o_measured, o_predicted = o.row.tpot_ms, o.value("tpot_ms")
+        if (
+            o.engine != c.engine
+            or o.row.engine_version == c.row.engine_version
+            or (o.row.gpus, o.row.model, o.layout, o.row.isl, o.row.osl, o.row.concurrency)
+            != (c.row.gpus, c.row.model, c.layout, c.row.isl, c.row.osl, c.row.concurrency)
+            or o_measured is None
+            or o_predicted is None
+            or abs(o_predicted / predicted - 1) > PRICED_ALIKE
+            or abs(measured / o_measured - 1) <= DAY_TO_DAY
+            or beyond_stated(o.error("tpot_ms"), "tpot_ms", speculative=False)
+        ):
+            continue
+        alike.append(o)
+    if not alike:
+        return None
+    best = min(alike, key=lambda o: abs(o.error("tpot_ms") or 0.0))
+    return Mechanism(
+        name="another release",
+        why=f"{c.engine} {best.row.engine_version} on the same GPUs, layout and load measured {best.row.tpot_ms:,.1f} "
+        f"ms per token ({best.row.id}), {best.error('tpot_ms'):+.0%} from its prediction, and this run "
+        f"{measured:,.1f} ms on {c.row.engine_version}; the model prices the two alike ({best.value('tpot_ms'):,.1f} "
+        f"and {predicted:,.1f} ms): what differs is this release's kernels and scheduler",
+    )
 
 
 def _time_without_output(c: Checked) -> Mechanism | None:

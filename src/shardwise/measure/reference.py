@@ -440,8 +440,8 @@ BREAKDOWNS = {
 
 
 def breakdown(checked: list[Checked]) -> list[ErrorSummary]:
-    """The headline's rows grouped by release, GPU, family, load, source and split: beside the headline,
-    never instead of it. A group is named 'dimension: value'."""
+    """The headline's rows grouped by release, GPU, kernel tables, family, load, source and split: beside the
+    headline, never instead of it. A group is named 'dimension: value'."""
     out = []
     for dimension, key in BREAKDOWNS.items():
         groups: dict[str, list[Checked]] = {}

@@ -291,21 +291,25 @@ class _Run:
     def _prefill_batch(self, rank: _Rank) -> list[tuple[int, float]]:
         """(request, tokens) this rank prefills in the next step: the request part way through first, then the queue
         in order while each fits the KV pool, under two budgets. The chunk cuts the last request to fit (unchunked,
-        each prompt goes whole); the scheduler's prefill budget (SGLang's max_prefill_tokens) takes no further request
-        once spent, and where the engine asks it (`whole_prompts`) one after the first only if its whole prompt fits
+        each prompt goes whole); the scheduler's prefill budget (SGLang's max_prefill_tokens) closes the batch once
+        spent, asked after each request added (and before the first, where the engine asks so: `budget_first`), and
+        where the engine asks it (`whole_prompts`) lets a request after the first in only if its whole prompt fits
         what is left: it waits for the next prefill instead. Its KV is allocated now, as engines do."""
         policy = self.sim.policy
         chunk = float(self.sim.chunk) if self.sim.chunk else math.inf
-        budget = float(policy.max_prefill_tokens) if policy.max_prefill_tokens else math.inf
+        budget = math.inf if policy.max_prefill_tokens is None else float(policy.max_prefill_tokens)
         if policy.mixed_batches:  # the decode tokens share both
             chunk -= len(rank.running) * self.sim.verify
             budget -= len(rank.running) * self.sim.verify
         batch: list[tuple[int, float]] = []
+        asked = policy.budget_first  # whether the budget is asked before the next waiting request
         candidates = [rank.chunked] if rank.chunked is not None else []
-        while chunk >= 1 and budget > 0:
+        while chunk >= 1:
             if candidates:
                 i = candidates.pop()
             elif rank.waiting and self._admissible(rank, rank.waiting[0]):
+                if asked and budget <= 0:
+                    break  # the prefill budget is spent
                 i = rank.waiting[0]
                 if self.decode_only and self.done_prefill[i] == 0 and self.need[i] == self.isl[i]:
                     rank.waiting.popleft()
@@ -315,6 +319,7 @@ class _Run:
                     break  # its whole prompt does not fit what is left of the prefill budget
                 rank.waiting.popleft()
                 rank.chunked = i  # held while its prefill is under way
+                asked = True  # the engine asks the budget after each request it adds
             else:
                 break
             take = min(self.need[i] - self.done_prefill[i], chunk)

@@ -246,7 +246,7 @@ class Predictor:
         """(prefill time per request when each rank batches prefills up to its chunk, one request's prefill
         alone, the time of one such batch). Attention-DP ranks and replicas prefill their own requests in the
         same step."""
-        key = (isl, running, self.memory.ranks, self.chunk)
+        key = (isl, running, self.memory.ranks, self.chunk, self._per_batch(isl))  # layouts share these prices
         made = self._prefills.get(key)
         if made is None:
             ranks = max(1, min(self.memory.ranks, running))  # ranks with a request to prefill
@@ -263,7 +263,7 @@ class Predictor:
         isl = max(1, isl)
         policy = self.layout.options.scheduler
         most = self.chunk // isl if self.chunk else math.inf
-        if policy.max_prefill_tokens:
+        if policy.max_prefill_tokens is not None:
             budget = policy.max_prefill_tokens
             most = min(most, (budget - 1) // isl if policy.whole_prompts else -(-budget // isl))
         return max(1, int(min(most, 1 << 30)))
