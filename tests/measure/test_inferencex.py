@@ -4,6 +4,7 @@ group, so that none rises unseen."""
 
 import csv
 import io
+import re
 import statistics
 
 import pytest
@@ -224,27 +225,38 @@ def test_validate_says_how_many_predictions_hold_a_measured_cold_start(checked):
 
 def test_each_point_beyond_the_stated_accuracy_names_only_what_its_measurement_says(checked):
     """validate prices no mechanism again for hundreds of points: a point names what its source left open (the
-    prompts a broken client sent), time its run spent without output, and another release the model matches at the
-    same GPUs, layout and load whose measured time per token differs from this run's by more than a day's spread.
-    The runs without warm-up requests that lost a minute or more to their cold start have that wait in their
+    prompts a broken client sent), time its run spent without output, and the very same command run on another
+    release at the same GPUs and load, which the model prices alike and matches, measured more than a day's spread
+    apart. The runs without warm-up requests that lost a minute or more to their cold start have that wait in their
     prediction, and it accounts for their idle time (ixapp-dsr1-0682 waited 73 s); one run is left, MI355X on SGLang
     0.5.2 on a day its steps took 31 ms where the same recipe took 18.5 ms on the next three, idle for 55 s of which
-    its p99 TTFT shows 3. MI300X TP8 at 4 clients, 1k in, took 21.3 ms per token on 0.5.2 (ixapp-dsr1-0626) and
-    14.6 on 0.5.12 (ixapp-dsr1-1632), which the model prices alike and matches."""
-    said = {c.row.id: [m.name for m in explain(c, checked, priced=False)] for c in checked}
-    idle = sorted(i for i, names in said.items() if "time without output" in names)
+    its p99 TTFT shows 3. MI300X TP8 at 4 clients, 1k in and out, took 24.4 ms per token on 0.5.9 (ixapp-dsr1-0105)
+    and 14.6 on 0.5.12 (ixapp-dsr1-1632) with the same command, which the model prices alike and matches."""
+    said = {c.row.id: explain(c, checked, priced=False) for c in checked}
+    names = {i: [m.name for m in found] for i, found in said.items()}
+    idle = sorted(i for i, found in names.items() if "time without output" in found)
     assert idle == ["ixapp-dsr1-0488"]
     (lost,) = [c for c in checked if c.row.id == "ixapp-dsr1-0682"]
     assert lost.row.cold and lost.cold_start_s > 70 and abs(lost.error("output_tok_s")) < 0.1
-    assert {n for names in said.values() for n in names} == {"time without output", "assumption", "another release"}
-    (older,) = [m for m in explain(*[c for c in checked if c.row.id == "ixapp-dsr1-0626"], checked, priced=False)]
-    assert older.name == "another release" and "(ixapp-dsr1-1632)" in older.why and "21.3 ms on 0.5.2" in older.why
-    releases = [c for c in checked if "another release" in said[c.row.id]]
-    assert all(
-        c.cluster is not None and c.cluster.gpu.vendor == "amd" for c in releases if c.row.engine_version < "0.5.12"
-    )
-    assert all(("assumption" in said[c.row.id]) <= bool(c.row.assumed) for c in checked)
-    assert "assumption" in said["ixapp-dsr1-1851"]  # B300 TP4, 8k in at 32 clients: tok/s still 49 % off
+    assert {n for found in names.values() for n in found} == {"time without output", "assumption", "another release"}
+    (older,) = said["ixapp-dsr1-0105"]
+    assert older.name == "another release"
+    assert "0.5.12, on the same GPUs at the same load, measured 14.6 ms per token (ixapp-dsr1-1632;" in older.why
+    assert "on 0.5.9 24.4 ms (predicted 14.2)" in older.why
+    by_id = {c.row.id: c for c in checked}
+    for i, found in said.items():  # each names the same command on another release, measured far apart
+        for m in found:
+            if m.name == "another release":
+                (other,) = re.findall(r"\((ixapp-dsr1-\d+);", m.why)
+                mine, theirs = by_id[i], by_id[other]
+                assert mine.row.command == theirs.row.command and mine.row.engine_version != theirs.row.engine_version
+                assert max(mine.row.tpot_ms, theirs.row.tpot_ms) > 1.3 * min(mine.row.tpot_ms, theirs.row.tpot_ms)
+    assert all(("assumption" in names[c.row.id]) <= bool(c.row.assumed) for c in checked)
+    assert "assumption" in names["ixapp-dsr1-1851"]  # B300 TP4, 8k in at 32 clients: tok/s still 49 % off
+    assert sum("another release" in found for found in names.values()) == OTHER_RELEASE_POINTS
+
+
+OTHER_RELEASE_POINTS = 13  # as the README states them
 
 
 def test_the_bundled_family_errors_are_those_validate_finds_now(checked):

@@ -538,3 +538,14 @@ def _prefill_run(flags: str, version: str, isl: int, *, requests: int = 4):
     steps = StepTimes(checked.model, layout, cluster)
     workload = WorkloadSpec(input=Lengths.fixed(isl), output=Lengths.fixed(16), num_requests=requests, offline=True)
     return steps, memory, _Run(Simulation(steps, memory), draw(workload), None, None, offline=True)
+
+
+def test_a_spent_prefill_budget_at_start_is_one_clear_error_where_the_engine_admits_nothing():
+    """SGLang 0.5.23 asks the prefill budget before the first waiting request: with --max-prefill-tokens 0 it never
+    admits one, and saying so beats simulating a stall; 0.5.22 admits the first and serves one request a batch."""
+    with pytest.raises(SpecError, match="--max-prefill-tokens 0: sglang 0.5.23 asks this budget"):
+        _prefill_run("--max-prefill-tokens 0", "0.5.23", 1024)
+    steps, memory, run = _prefill_run("--max-prefill-tokens 0", "0.5.22", 1024)
+    run.ranks[0].waiting.extend(range(4))
+    assert [take for _, take in run._prefill_batch(run.ranks[0])] == [1024]
+    assert Predictor(steps, memory)._per_batch(1024) == 1

@@ -398,13 +398,19 @@ def _assumed(c: Checked) -> Mechanism | None:
 
 
 def _other_release(c: Checked, others: list[Checked]) -> Mechanism | None:
-    """The same GPUs, model, layout and load measured on another release of the engine, which the model matches
-    within its stated accuracy and prices within a few per cent of this row, while the two measurements differ by
-    more than one configuration's runs on different days do: the rest of this row's gap in time per token is its
-    own release's kernels and scheduler. The model prices releases alike where their rules agree: its kernel tables
-    are one release's, and where there are none the rooflines are every release's."""
+    """The very command of this row (its options and environment as given) run on another release of the engine, on
+    the same GPUs at the same load and statistic, which the model matches within its stated accuracy and prices within
+    a few per cent of this row, while the two measurements differ by more than one configuration's runs on different
+    days do: the rest of this row's gap in time per token is its own release's kernels and scheduler. The model prices
+    releases alike where their rules agree: its kernel tables are one release's, and where there are none the
+    rooflines are every release's."""
+    speculative = c.row.accept_length is not None
     measured, predicted = c.row.tpot_ms, c.value("tpot_ms")
-    if measured is None or predicted is None or not beyond_stated(c.error("tpot_ms"), "tpot_ms", speculative=False):
+    if (
+        measured is None
+        or predicted is None
+        or not beyond_stated(c.error("tpot_ms"), "tpot_ms", speculative=speculative)
+    ):
         return None
     alike = []
     for o in others:
@@ -412,13 +418,15 @@ def _other_release(c: Checked, others: list[Checked]) -> Mechanism | None:
         if (
             o.engine != c.engine
             or o.row.engine_version == c.row.engine_version
-            or (o.row.gpus, o.row.model, o.layout, o.row.isl, o.row.osl, o.row.concurrency)
-            != (c.row.gpus, c.row.model, c.layout, c.row.isl, c.row.osl, c.row.concurrency)
+            or (o.row.command, o.row.gpus, o.row.model, o.row.isl, o.row.osl, o.row.concurrency, o.row.latency)
+            != (c.row.command, c.row.gpus, c.row.model, c.row.isl, c.row.osl, c.row.concurrency, c.row.latency)
+            or o.row.accept_length != c.row.accept_length
             or o_measured is None
             or o_predicted is None
+            or not math.isfinite(o_predicted)
             or abs(o_predicted / predicted - 1) > PRICED_ALIKE
-            or abs(measured / o_measured - 1) <= DAY_TO_DAY
-            or beyond_stated(o.error("tpot_ms"), "tpot_ms", speculative=False)
+            or max(measured, o_measured) / min(measured, o_measured) - 1 <= DAY_TO_DAY
+            or beyond_stated(o.error("tpot_ms"), "tpot_ms", speculative=speculative)
         ):
             continue
         alike.append(o)
@@ -427,10 +435,10 @@ def _other_release(c: Checked, others: list[Checked]) -> Mechanism | None:
     best = min(alike, key=lambda o: abs(o.error("tpot_ms") or 0.0))
     return Mechanism(
         name="another release",
-        why=f"{c.engine} {best.row.engine_version} on the same GPUs, layout and load measured {best.row.tpot_ms:,.1f} "
-        f"ms per token ({best.row.id}), {best.error('tpot_ms'):+.0%} from its prediction, and this run "
-        f"{measured:,.1f} ms on {c.row.engine_version}; the model prices the two alike ({best.value('tpot_ms'):,.1f} "
-        f"and {predicted:,.1f} ms): what differs is this release's kernels and scheduler",
+        why=f"the same command on {c.engine} {best.row.engine_version}, on the same GPUs at the same load, measured "
+        f"{best.row.tpot_ms:,.1f} ms per token ({best.row.id}; predicted {best.value('tpot_ms'):,.1f}), and on "
+        f"{c.row.engine_version} {measured:,.1f} ms (predicted {predicted:,.1f}): the model prices the two alike, "
+        "so what differs is this release's kernels and scheduler",
     )
 
 
