@@ -259,7 +259,8 @@ class Predictor:
     def _per_batch(self, isl: int) -> int:
         """Whole prompts of `isl` tokens one prefill batch takes: as many as its chunk holds, and no more than the
         scheduler's prefill budget lets in (Simulation._prefill_batch: one after the first only under what is left of
-        it where the engine asks for whole prompts, else until it is spent)."""
+        it where the engine asks for whole prompts, else until it is spent). The decode tokens a mixed batch
+        (SGLang --enable-mixed-chunk) takes from both budgets are left out here; the simulation counts them."""
         isl = max(1, isl)
         policy = self.layout.options.scheduler
         most = self.chunk // isl if self.chunk else math.inf
