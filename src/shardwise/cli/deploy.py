@@ -1,0 +1,202 @@
+"""The command that writes deployment files for a setup: a launch command given after --, or theorise's pick."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardwise.cli.app import (
+    CommandModel,
+    FrameworkOption,
+    GpusOption,
+    IslOption,
+    OslOption,
+    ProfileOption,
+    VersionOption,
+    app,
+    with_profile,
+)
+from shardwise.cost.memory import memory_ledger
+from shardwise.decide.theory import theorise as run_theorise
+from shardwise.deploy.forms import FORMS
+from shardwise.deploy.service import Service, split_env
+from shardwise.engines.base import Setup, get_engine
+from shardwise.engines.check import check_command
+from shardwise.engines.flags import split_command
+from shardwise.errors import SpecError
+from shardwise.report import files as report_files
+from shardwise.report import setups as report_setups
+from shardwise.serve.steady import predict
+from shardwise.spec.catalog import DEFAULT_MODEL, load_model
+from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
+from shardwise.spec.model import ModelSpec
+from shardwise.spec.weights import weight_ledger
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def deploy(
+    ctx: typer.Context,
+    form: Annotated[str, typer.Option(help="docker (a Compose file per node), kubernetes or slurm.")],
+    output: Annotated[
+        Path, typer.Option(help="Folder to write into; made if missing. Files already there are not overwritten.")
+    ] = Path("deploy"),
+    model: CommandModel = None,
+    gpus: GpusOption = DEFAULT_CLUSTER,
+    framework: FrameworkOption = "sglang",
+    engine_version: VersionOption = None,
+    isl: IslOption = 1024,
+    osl: OslOption = 1024,
+    rank: Annotated[int, typer.Option(min=1, help="Without a command: theorise's setup of this rank.")] = 1,
+    profile: ProfileOption = None,
+) -> None:
+    """Deployment files for a setup: the launch command given after --, checked first, or without one the setup
+    theorise ranks first (--rank for another) for --model on --gpus. Writes a Compose file per node, Kubernetes
+    manifests (a Deployment, or a LeaderWorkerSet across nodes) or an sbatch script, each headed by the setup and
+    its prediction."""
+    if form not in FORMS:
+        raise SpecError(f"unknown form {form!r}; use docker, kubernetes or slurm")
+    cluster = with_profile(load_cluster(gpus), profile)
+    if ctx.args:
+        service = _from_command(ctx.args, cluster, model=model, version=engine_version, isl=isl, osl=osl)
+    else:
+        service = _from_theorise(
+            model or DEFAULT_MODEL, cluster, framework=framework, version=engine_version, isl=isl, osl=osl, rank=rank
+        )
+    written = FORMS[form](service)
+    clashes = [name for name in written if (output / name).exists()]
+    if clashes:
+        raise SpecError(f"{output / clashes[0]} exists; remove it or give another --output")
+    if output.exists() and not output.is_dir():
+        raise SpecError(f"cannot write into {output}: it is a file; give a folder")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"cannot make {output}: {exc.strerror or exc}; give a folder you can write to") from exc
+    for name, text in written.items():
+        report_files.write_text(output / name, text)
+    typer.echo(f"{service.title}: wrote {', '.join(str(output / n) for n in written)}")
+
+
+def _service(
+    *,
+    title: str,
+    prediction: str,
+    engine: str,
+    version: str,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    launches: list[list[str]] | tuple[tuple[str, ...], ...],
+    gpus_used: int,
+    env: dict[str, str],
+) -> Service:
+    commands, needs = [], dict(env)
+    for launch in launches:
+        words, argv = split_env(launch)
+        needs.update(words)
+        commands.append(argv)
+    ledger = weight_ledger(model)
+    return Service(
+        title=title,
+        prediction=prediction,
+        engine=engine,
+        version=version,
+        vendor=cluster.gpu.vendor,
+        gpu=cluster.gpu.family,
+        gpus_per_node=-(-gpus_used // len(launches)),  # a setup across nodes takes each node's share
+        commands=tuple(commands),
+        env=needs,
+        weights_bytes=ledger.total_bytes + ledger.mtp_bytes,
+    )
+
+
+def _from_command(
+    command: list[str], cluster: ClusterSpec, *, model: str | None, version: str | None, isl: int, osl: int
+) -> Service:
+    checked = check_command(command, cluster=cluster, model=model, version=version)
+    setup = checked.setup
+    memory = memory_ledger(checked.model, setup.layout, cluster) if setup.layout is not None else None
+    if report_setups.verdict(setup, memory) != "ok":
+        first = setup.rejections[0].reason if setup.rejections else (memory.reason if memory else None)
+        raise SpecError(f"this command would not start, so there is nothing to deploy: {first}")
+    assert setup.layout is not None and memory is not None
+    launches = _node_commands(setup, command)
+    best = max(
+        predict(checked.model, setup.layout, cluster, memory, concurrency=[1, 8, 64], isl=isl, osl=osl),
+        key=lambda p: p.output_tok_s,
+    )
+    prediction = (
+        f"checked by shardwise check: starts; predicted {best.output_tok_s:,.0f} output tok/s at {best.concurrency} "
+        f"clients of 1, 8, 64 ({isl} in / {osl} out)"
+    )
+    return _service(
+        title=f"{setup.engine} {setup.layout.describe()}",
+        prediction=prediction,
+        engine=setup.engine,
+        version=setup.version,
+        model=checked.model,
+        cluster=cluster,
+        launches=launches,
+        gpus_used=setup.gpus_used,
+        env=split_command(command).env,
+    )
+
+
+def _node_commands(setup: Setup, command: list[str]) -> list[list[str]]:
+    """The command as given (flags shardwise does not model, such as --port, kept), once per node: each with its
+    --node-rank, and vLLM's nodes after the first --headless, as the engine's own node commands are."""
+    tokens = shlex.split(command[0]) if len(command) == 1 and any(c.isspace() for c in command[0]) else command
+    env, words = split_env(tokens)
+    engine, nodes = get_engine(setup.engine), setup.flags.get("nnodes", 1)
+    if nodes == 1:
+        return [list(words)]
+    commands = []
+    for rank in range(nodes):
+        argv = _ranked(list(words), rank)
+        if engine.node_options({}, rank).get("headless") and "--headless" not in argv:
+            argv.append("--headless")
+        commands.append(argv)
+    return commands
+
+
+def _ranked(argv: list[str], rank: int) -> list[str]:
+    for i, token in enumerate(argv):
+        if token == "--node-rank" and i + 1 < len(argv):
+            return [*argv[: i + 1], str(rank), *argv[i + 2 :]]
+        if token.startswith("--node-rank="):
+            return [*argv[:i], f"--node-rank={rank}", *argv[i + 1 :]]
+    return [*argv, "--node-rank", str(rank)]
+
+
+def _from_theorise(
+    model_ref: str, cluster: ClusterSpec, *, framework: str, version: str | None, isl: int, osl: int, rank: int
+) -> Service:
+    engines = ["sglang", "vllm"] if framework == "all" else [get_engine(framework).name]
+    spec = load_model(model_ref)
+    theory = run_theorise(spec, cluster, model_ref=model_ref, engines=engines, isl=isl, osl=osl, version=version)
+    scores = theory.ranking.scores
+    if not scores:
+        raise SpecError(f"no setup of {model_ref} serves on {cluster.name}; `shardwise theorise` says what would")
+    if rank > len(scores):
+        raise SpecError(f"--rank {rank}: theorise ranks {len(scores)} setups here; give 1 to {len(scores)}")
+    score = scores[rank - 1]
+    candidate = score.candidate
+    confidence = theory.ranking.confidence(score)
+    spread = f" (±{confidence.uncertainty:.0%})" if confidence is not None else ""
+    prediction = (
+        f"rank {rank} of shardwise theorise ({isl} in / {osl} out): {score.at.output_tok_s:,.0f} output tok/s"
+        f"{spread} at {score.at.concurrency} clients"
+    )
+    return _service(
+        title=candidate.name,
+        prediction=prediction,
+        engine=candidate.engine,
+        version=candidate.version,
+        model=spec,
+        cluster=cluster,
+        launches=candidate.launches,
+        gpus_used=candidate.gpus,
+        env={},
+    )

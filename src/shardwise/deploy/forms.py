@@ -1,0 +1,244 @@
+"""Deployment files for one setup, in the form a team runs it: a Compose file per node (`docker`), a Deployment
+or, across nodes, a LeaderWorkerSet with its Service (`kubernetes`), or an sbatch script (`slurm`). Each file
+starts with a header naming the setup and the prediction it came from; each form says in its own terms where
+node 0's address and each node's rank come from."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+import yaml
+
+from shardwise.deploy.service import Service
+from shardwise.engines.flags import command_text
+
+CACHE_IN_CONTAINER = "/root/.cache/huggingface"  # where the images' Hugging Face client keeps downloads
+SHM_GIB = 64  # shared memory for the engine's worker processes: NCCL and the data loaders' buffers; a choice
+STARTUP_S = 3600  # how long a start may take before the platform gives up: a 1 TB checkpoint's download and load
+# Kubernetes: the labels LeaderWorkerSet puts on its pods and the variables it gives each container
+# (LWS_LEADER_ADDRESS, LWS_WORKER_INDEX), kubernetes-sigs/lws v0.10.0 api/leaderworkerset/v1/leaderworkerset_types.go
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def header(service: Service, comment: str = "#") -> list[str]:
+    lines = [
+        f"shardwise deploy: {service.title}",
+        f"{service.engine} {service.version} on {service.nodes} node{'s' if service.nodes > 1 else ''}, "
+        f"{service.gpus_per_node} {service.gpu} GPUs each; image {service.image}",
+        service.prediction,
+    ]
+    return [f"{comment} {line}" for line in lines]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes a value that appears twice (a pod's labels, a probe's target) in full each time: no YAML anchors."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def _yaml(documents: list[dict], service: Service, notes: list[str]) -> str:
+    body = yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
+    return "\n".join([*header(service), *(f"# {n}" for n in notes), body])
+
+
+def docker(service: Service) -> dict[str, str]:
+    """One Compose file per node. Across nodes every container shares its host's network (NCCL connects node to
+    node) and Compose fills node 0's address from HEAD_IP when the file is brought up."""
+    files = {}
+    for node in range(service.nodes):
+        multi = service.nodes > 1
+        engine: dict = {
+            "image": service.image,
+            "entrypoint": service.argv(node),
+            "environment": {"HF_TOKEN": "${HF_TOKEN:-}", **service.env},
+            "ipc": "host",
+            "ulimits": {"memlock": -1, "stack": 67108864},
+            "volumes": [f"${{HF_HOME:-~/.cache/huggingface}}:{CACHE_IN_CONTAINER}"],
+            "restart": "unless-stopped",
+        }
+        if service.vendor == "nvidia":
+            engine["deploy"] = {
+                "resources": {
+                    "reservations": {
+                        "devices": [{"driver": "nvidia", "count": service.gpus_per_node, "capabilities": ["gpu"]}]
+                    }
+                }
+            }
+        else:  # ROCm: the kernel driver's devices, as AMD's container guide passes them
+            engine["devices"] = ["/dev/kfd", "/dev/dri"]
+            engine["group_add"] = ["video"]
+            engine["security_opt"] = ["seccomp=unconfined"]
+        if multi:
+            engine["network_mode"] = "host"
+        else:
+            engine["ports"] = [f"{service.port}:{service.port}"]
+        if node == 0:  # the other nodes of SGLang and vLLM serve no HTTP
+            engine["healthcheck"] = {
+                "test": ["CMD", "curl", "-fsS", f"http://localhost:{service.port}{service.health_path}"],
+                "interval": "30s",
+                "timeout": "5s",
+                "retries": 3,
+                "start_period": f"{STARTUP_S}s",
+            }
+        notes = [f"node {node} of {service.nodes}: HEAD_IP=<node 0's address> docker compose up -d"] if multi else []
+        name = f"compose.node{node}.yaml" if multi else "compose.yaml"
+        files[name] = _yaml([{"name": service.name, "services": {"engine": engine}}], service, notes)
+    return files
+
+
+def _container(service: Service, argv: list[str]) -> dict:
+    gpu_resource = "nvidia.com/gpu" if service.vendor == "nvidia" else "amd.com/gpu"
+    env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}}]
+    env += [{"name": k, "value": v} for k, v in service.env.items()]
+    return {
+        "name": "engine",
+        "image": service.image,
+        "command": argv,
+        "env": env,
+        "ports": [{"name": "http", "containerPort": service.port}],
+        "resources": {"limits": {gpu_resource: service.gpus_per_node}},
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "model-cache", "mountPath": CACHE_IN_CONTAINER},
+        ],
+    }
+
+
+def _probes(container: dict, service: Service) -> dict:
+    probe = {"httpGet": {"path": service.health_path, "port": "http"}}
+    return {
+        **container,
+        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": STARTUP_S // 10},
+        "readinessProbe": {**probe, "periodSeconds": 10},
+        "livenessProbe": {**probe, "periodSeconds": 30, "failureThreshold": 3},
+    }
+
+
+def _pod(service: Service, container: dict) -> dict:
+    return {
+        "containers": [container],
+        "volumes": [
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB}Gi"}},
+            {"name": "model-cache", "persistentVolumeClaim": {"claimName": f"{service.name}-model-cache"}},
+        ],
+    }
+
+
+def kubernetes(service: Service) -> dict[str, str]:
+    """One manifest: the model cache's claim, the engine (a Deployment on one node; a LeaderWorkerSet of one group
+    of `nodes` pods across nodes, the leader node 0) and a Service in front of node 0. The HF token comes from the
+    secret `hf-token` (key `token`), never a literal."""
+    labels = {"app.kubernetes.io/name": service.name, "app.kubernetes.io/managed-by": "shardwise"}
+    multi = service.nodes > 1
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"{service.name}-model-cache", "labels": labels},
+        "spec": {
+            # every node's pod mounts the cache at once across nodes
+            "accessModes": ["ReadWriteMany" if multi else "ReadWriteOnce"],
+            "resources": {"requests": {"storage": f"{service.cache_gib}Gi"}},
+        },
+    }
+    if not multi:
+        pod = _pod(service, _probes(_container(service, service.argv(0)), service))
+        engine = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": service.name, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": service.name}},
+                "template": {"metadata": {"labels": labels}, "spec": pod},
+            },
+        }
+        selector = {"app.kubernetes.io/name": service.name}
+    else:
+        # Kubernetes expands $(VAR) in a container's command from its environment
+        leader = service.argv(0, head="$(LWS_LEADER_ADDRESS)", port=True)
+        worker = service.argv(1, head="$(LWS_LEADER_ADDRESS)", rank="$(LWS_WORKER_INDEX)", port=True)
+        engine = {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1",
+            "kind": "LeaderWorkerSet",
+            "metadata": {"name": service.name, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "leaderWorkerTemplate": {
+                    "size": service.nodes,
+                    "restartPolicy": "RecreateGroupOnPodRestart",
+                    "leaderTemplate": {
+                        "metadata": {"labels": labels},
+                        "spec": _pod(service, _probes(_container(service, leader), service)),
+                    },
+                    "workerTemplate": {
+                        "metadata": {"labels": labels},
+                        "spec": _pod(service, _container(service, worker)),
+                    },
+                },
+            },
+        }
+        selector = {LWS_NAME_LABEL: service.name, LWS_INDEX_LABEL: "0"}
+    front = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service.name, "labels": labels},
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": service.port, "targetPort": "http"}]},
+    }
+    notes = [
+        "kubectl create secret generic hf-token --from-literal=token=<your token>   (gated models only)",
+        f"kubectl apply -f {service.name}.yaml",
+    ]
+    if multi:
+        notes.insert(0, "needs the LeaderWorkerSet controller (kubernetes-sigs/lws) and a ReadWriteMany storage class")
+    return {f"{service.name}.yaml": _yaml([claim, engine, front], service, notes)}
+
+
+def slurm(service: Service) -> dict[str, str]:
+    """An sbatch script: one engine process per node through srun (node 0's address read from the job's node list
+    at run time, each node's command chosen by its SLURM_NODEID), then a wait on node 0's health before it says
+    ready. It runs the engine installed on the nodes; with a container plugin (pyxis) add
+    --container-image=<image> to the srun line."""
+    cases = "\n".join(f"  {node}) exec {command_text(service.argv(node))} ;;" for node in range(service.nodes))
+    body = f'case "$SLURM_NODEID" in\n{cases}\nesac'
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in service.env.items()]
+    lines = [
+        "#!/bin/bash",
+        *header(service),
+        f"#SBATCH --job-name={service.name}",
+        f"#SBATCH --nodes={service.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={service.gpus_per_node}",
+        "#SBATCH --exclusive",
+        "#SBATCH --output=%x-%j.log",
+        "set -euo pipefail",
+        "",
+        'HEAD_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "HEAD_PORT=${HEAD_PORT:-50000}",
+        "export HEAD_IP HEAD_PORT",
+        'export HF_TOKEN="${HF_TOKEN:-}"',
+        *exports,
+        "",
+        "# each node runs its own command; the shell srun starts expands HEAD_IP and HEAD_PORT there",
+        "# shellcheck disable=SC2016",
+        f"srun --nodes={service.nodes} --ntasks={service.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        f"  bash -c {shlex.quote(body)} &",
+        "SERVER=$!",
+        "",
+        f'until curl -fsS "http://$HEAD_IP:{service.port}{service.health_path}" >/dev/null 2>&1; do',
+        '  if ! kill -0 "$SERVER" 2>/dev/null; then',
+        '    echo "the engine stopped before it was ready: see the log above" >&2',
+        "    exit 1",
+        "  fi",
+        "  sleep 10",
+        "done",
+        f'echo "ready: http://$HEAD_IP:{service.port}"',
+        'wait "$SERVER"',
+        "",
+    ]
+    return {f"{service.name}.sbatch": "\n".join(lines)}
+
+
+FORMS: dict[str, Callable[[Service], dict[str, str]]] = {"docker": docker, "kubernetes": kubernetes, "slurm": slurm}
