@@ -93,6 +93,7 @@ def test_kubernetes_for_the_default_pick_is_a_deployment_the_schemas_accept(tmp_
     assert engine["image"] == "lmsysorg/sglang:v0.5.23-cu130"
     assert engine["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "hf-token"  # the token is never a literal
     assert engine["startupProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert docs[1]["spec"]["strategy"] == {"type": "Recreate"}  # a rolling update would wait on the old pod's GPUs
     assert docs[2]["spec"]["ports"][0]["port"] == 30000
     # the cache holds the checkpoint (594 GB: README) with room to spare
     assert 594e9 / 2**30 < int(docs[0]["spec"]["resources"]["requests"]["storage"].removesuffix("Gi")) < 800
@@ -122,6 +123,9 @@ def test_kubernetes_across_two_h100_nodes_is_a_leaderworkerset_with_the_rank_fro
     assert "readinessProbe" in pods["leader"] and "readinessProbe" not in pods["worker"]  # workers serve no HTTP
     assert docs[0]["spec"]["accessModes"] == ["ReadWriteMany"]  # both nodes' pods mount the cache
     assert docs[2]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    # LeaderWorkerSet makes a headless Service of its own name, which LWS_LEADER_ADDRESS resolves through: the
+    # front Service must not take that name
+    assert docs[2]["metadata"]["name"] != lws["metadata"]["name"]
 
 
 def test_the_schema_checks_can_fail(tmp_path):
@@ -185,10 +189,13 @@ def _run_sbatch(tmp_path: Path, script: Path, *, engine_exit: int, healthy: bool
         bin_dir,
         "srun",
         'while [ "$1" != bash ]; do shift; done; shift; shift\n'
-        'for id in $(seq 0 $((SLURM_JOB_NUM_NODES - 1))); do SLURM_NODEID=$id bash -c "$1" & done; wait\n'
-        "rc=0; for job in $(jobs -p); do wait $job || rc=1; done; exit $rc\n",
+        "pids=(); for id in $(seq 0 $((SLURM_JOB_NUM_NODES - 1))); do\n"
+        '  SLURM_NODEID=$id bash -c "$1" & pids+=($!)\n'
+        "done\n"
+        'rc=0; for pid in "${pids[@]}"; do wait "$pid" || rc=1; done; exit $rc\n',
     )
-    _stub(bin_dir, "python3", f'echo "$SLURM_NODEID $*" >> "$ENGINE_LOG"; exit {engine_exit}\n')
+    for engine in ("python3", "vllm"):
+        _stub(bin_dir, engine, f'echo "$SLURM_NODEID $*" >> "$ENGINE_LOG"; exit {engine_exit}\n')
     _stub(bin_dir, "curl", "exit 0\n" if healthy else "exit 7\n")
     _stub(bin_dir, "sleep", "/bin/sleep 0.05\n")
     env = {
@@ -221,6 +228,62 @@ def test_the_sbatch_script_fails_when_the_engine_stops_before_it_is_ready(tmp_pa
     assert ran.returncode == 1
     assert "the engine stopped before it was ready" in ran.stderr
     assert "ready:" not in ran.stdout
+
+
+def test_the_sbatch_script_fails_when_the_engine_fails_after_it_was_ready(tmp_path):
+    (name, _), *rest = deploy(tmp_path, "slurm", *TWO_NODES).items()
+    ran = _run_sbatch(tmp_path, tmp_path / "slurm" / name, engine_exit=3, healthy=True)
+    assert ran.returncode == 1  # srun's failure is the job's
+
+
+def test_vllm_across_nodes_runs_headless_workers_pointed_at_node_0(tmp_path):
+    (name, text), *rest = deploy(tmp_path, "kubernetes", *TWO_NODES, "--framework", "vllm").items()
+    docs = documents(text)
+    for doc in docs:
+        validate_kubernetes(doc)
+    pods = containers(docs[1])
+    leader, worker = pods["leader"]["command"], pods["worker"]["command"]
+    assert leader[:2] == worker[:2] == ["vllm", "serve"]
+    assert "--headless" in worker and "--headless" not in leader  # vLLM's API server runs on node 0 only
+    assert leader[leader.index("--master-addr") + 1] == worker[worker.index("--master-addr") + 1]
+    assert leader[leader.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
+    assert docs[2]["spec"]["ports"][0]["port"] == 8000
+
+
+@pytest.mark.parametrize(
+    ("command", "address"),
+    [
+        (
+            "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-405B --tp 8 --pp-size 2 --nnodes 2 "
+            "--node-rank 0 --dist-init-addr 10.0.0.1:5000",
+            ("--dist-init-addr", "gpu-a17:5000", "$(LWS_LEADER_ADDRESS):5000"),
+        ),
+        (
+            "vllm serve meta-llama/Llama-3.1-405B --tensor-parallel-size 8 --pipeline-parallel-size 2 --nnodes 2 "
+            "--node-rank 0 --master-addr 10.0.0.1 --headless",
+            ("--master-addr", "gpu-a17", "$(LWS_LEADER_ADDRESS)"),
+        ),
+    ],
+    ids=["sglang", "vllm"],
+)
+def test_a_given_multi_node_command_gets_each_nodes_rank_and_node_0s_address(tmp_path, command, address):
+    """Node 0's command as a user wrote it: its literal address becomes node 0's as each platform finds it (the
+    port kept), each node gets its rank, and only vLLM's other nodes run --headless."""
+    flag, slurm_address, pod_address = address
+    (name, _), *rest = deploy(tmp_path, "slurm", *TWO_NODES, "--", *command.split()).items()
+    ran = _run_sbatch(tmp_path, tmp_path / "slurm" / name, engine_exit=0, healthy=True)
+    assert ran.returncode == 0, ran.stderr
+    started = sorted((tmp_path / "engine.log").read_text().splitlines())
+    for node, line in enumerate(started):
+        words = line.split()
+        assert words[words.index(flag) + 1] == slurm_address
+        assert words[words.index("--node-rank") + 1] == str(node)
+        assert ("--headless" in words) == (node == 1 and command.startswith("vllm"))
+    (name, text), *rest = deploy(tmp_path, "kubernetes", *TWO_NODES, "--", *command.split()).items()
+    pods = containers(documents(text)[1])
+    for role in ("leader", "worker"):
+        words = pods[role]["command"]
+        assert words[words.index(flag) + 1] == pod_address
 
 
 def test_a_checked_command_is_deployed_as_given(tmp_path):
@@ -261,6 +324,12 @@ def test_a_checked_command_is_deployed_as_given(tmp_path):
             "this command would not start, so there is nothing to deploy: ",
         ),
         (["--form", "slurm", "--rank", "100000"], "--rank 100000: theorise ranks"),
+        (
+            ["--form", "docker", "--", "HF_TOKEN=hf_abc", "python", "-m", "sglang.launch_server"]
+            + ["--model-path", "moonshotai/Kimi-K2.6", "--tp", "8"],
+            "the command sets HF_TOKEN: deploy writes no token into a file",
+        ),
+        (["--form", "docker", "--engine-version", "0.5.2"], "no sglang container image is known for release 0.5.2"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, says):
@@ -270,6 +339,26 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, says):
     assert says in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_an_output_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "out").write_text("mine\n")
+    result = shardwise("deploy", "--form", "docker", "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "it is a file; give a folder" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "out").read_text() == "mine\n"
+
+
+def test_a_loopback_host_is_opened_to_the_container_network(tmp_path):
+    files = deploy(
+        tmp_path,
+        "docker",
+        *("--gpus", "8xh100", "--model", "llama-3.1-70b", "--"),
+        *"python -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B-Instruct --tp 8".split(),
+        *("--host", "127.0.0.1"),
+    )
+    entrypoint = yaml.safe_load(files["compose.yaml"])["services"]["engine"]["entrypoint"]
+    assert entrypoint[entrypoint.index("--host") + 1] == "0.0.0.0" and entrypoint.count("--host") == 1
 
 
 def test_files_already_there_are_not_overwritten(tmp_path):

@@ -22,10 +22,17 @@ from shardwise.cli.app import (
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.theory import theorise as run_theorise
 from shardwise.deploy.forms import FORMS
-from shardwise.deploy.service import Service, split_env
+from shardwise.deploy.service import (
+    Service,
+    flag_value,
+    head_address_flag,
+    refuse_tokens,
+    split_env,
+    with_flag_value,
+)
 from shardwise.engines.base import Setup, get_engine
 from shardwise.engines.check import check_command
-from shardwise.engines.flags import split_command
+from shardwise.engines.flags import HEAD_IP, split_command
 from shardwise.errors import SpecError
 from shardwise.report import files as report_files
 from shardwise.report import setups as report_setups
@@ -75,8 +82,15 @@ def deploy(
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecError(f"cannot make {output}: {exc.strerror or exc}; give a folder you can write to") from exc
-    for name, text in written.items():
-        report_files.write_text(output / name, text)
+    done: list[Path] = []
+    try:
+        for name, text in written.items():
+            report_files.write_text(output / name, text)
+            done.append(output / name)
+    except SpecError:
+        for path in done:  # all the files or none
+            path.unlink(missing_ok=True)
+        raise
     typer.echo(f"{service.title}: wrote {', '.join(str(output / n) for n in written)}")
 
 
@@ -90,9 +104,10 @@ def _service(
     cluster: ClusterSpec,
     launches: list[list[str]] | tuple[tuple[str, ...], ...],
     gpus_used: int,
-    env: dict[str, str],
 ) -> Service:
-    commands, needs = [], dict(env)
+    """The service of one setup: each node's command split from the environment it starts with."""
+    commands: list[tuple[str, ...]] = []
+    needs: dict[str, str] = {}
     for launch in launches:
         words, argv = split_env(launch)
         needs.update(words)
@@ -115,6 +130,7 @@ def _service(
 def _from_command(
     command: list[str], cluster: ClusterSpec, *, model: str | None, version: str | None, isl: int, osl: int
 ) -> Service:
+    refuse_tokens(split_command(command).env)
     checked = check_command(command, cluster=cluster, model=model, version=version)
     setup = checked.setup
     memory = memory_ledger(checked.model, setup.layout, cluster) if setup.layout is not None else None
@@ -140,34 +156,29 @@ def _from_command(
         cluster=cluster,
         launches=launches,
         gpus_used=setup.gpus_used,
-        env=split_command(command).env,
     )
 
 
 def _node_commands(setup: Setup, command: list[str]) -> list[list[str]]:
     """The command as given (flags shardwise does not model, such as --port, kept), once per node: each with its
-    --node-rank, and vLLM's nodes after the first --headless, as the engine's own node commands are."""
+    --node-rank, node 0's address as the placeholder every form fills in (its port kept), and --headless on vLLM's
+    nodes after the first, as the engine's own node commands are."""
     tokens = shlex.split(command[0]) if len(command) == 1 and any(c.isspace() for c in command[0]) else command
     env, words = split_env(tokens)
     engine, nodes = get_engine(setup.engine), setup.flags.get("nnodes", 1)
     if nodes == 1:
-        return [list(words)]
+        return [[*(f"{k}={v}" for k, v in env.items()), *words]]
+    head = head_address_flag(setup.engine)
+    given = flag_value(words, head)
+    port = given.rpartition(":")[2] if given and setup.engine == "sglang" else None
+    words = with_flag_value(list(words), head, f"{HEAD_IP}:{port}" if port else HEAD_IP)
     commands = []
     for rank in range(nodes):
-        argv = _ranked(list(words), rank)
-        if engine.node_options({}, rank).get("headless") and "--headless" not in argv:
-            argv.append("--headless")
-        commands.append(argv)
+        argv = with_flag_value(list(words), "--node-rank", str(rank))
+        headless = bool(engine.node_options({}, rank).get("headless"))
+        argv = [t for t in argv if t != "--headless"] + (["--headless"] if headless else [])
+        commands.append([*(f"{k}={v}" for k, v in env.items()), *argv])
     return commands
-
-
-def _ranked(argv: list[str], rank: int) -> list[str]:
-    for i, token in enumerate(argv):
-        if token == "--node-rank" and i + 1 < len(argv):
-            return [*argv[: i + 1], str(rank), *argv[i + 2 :]]
-        if token.startswith("--node-rank="):
-            return [*argv[:i], f"--node-rank={rank}", *argv[i + 1 :]]
-    return [*argv, "--node-rank", str(rank)]
 
 
 def _from_theorise(
@@ -198,5 +209,4 @@ def _from_theorise(
         cluster=cluster,
         launches=candidate.launches,
         gpus_used=candidate.gpus,
-        env={},
     )

@@ -26,9 +26,15 @@ def header(service: Service, comment: str = "#") -> list[str]:
     lines = [
         f"shardwise deploy: {service.title}",
         f"{service.engine} {service.version} on {service.nodes} node{'s' if service.nodes > 1 else ''}, "
-        f"{service.gpus_per_node} {service.gpu} GPUs each; image {service.image}",
+        f"{service.gpus_per_node} {service.gpu} GPUs each; image {service.image}"
+        + (f" ({service.image_note})" if service.image_note else ""),
         service.prediction,
     ]
+    if service.nodes > 1:
+        lines.append(
+            "across nodes NCCL needs the nodes' RDMA network inside the container (/dev/infiniband, or your "
+            "cluster's RDMA device resource); without it it falls back to TCP, far slower than predicted"
+        )
     return [f"{comment} {line}" for line in lines]
 
 
@@ -53,7 +59,8 @@ def docker(service: Service) -> dict[str, str]:
         engine: dict = {
             "image": service.image,
             "entrypoint": service.argv(node),
-            "environment": {"HF_TOKEN": "${HF_TOKEN:-}", **service.env},
+            # Compose fills ${...} in values: a $ the command's environment holds is written $$
+            "environment": {"HF_TOKEN": "${HF_TOKEN:-}", **{k: v.replace("$", "$$") for k, v in service.env.items()}},
             "ipc": "host",
             "ulimits": {"memlock": -1, "stack": 67108864},
             "volumes": [f"${{HF_HOME:-~/.cache/huggingface}}:{CACHE_IN_CONTAINER}"],
@@ -73,6 +80,7 @@ def docker(service: Service) -> dict[str, str]:
             engine["security_opt"] = ["seccomp=unconfined"]
         if multi:
             engine["network_mode"] = "host"
+            engine["cap_add"] = ["IPC_LOCK"]  # NCCL pins memory for RDMA
         else:
             engine["ports"] = [f"{service.port}:{service.port}"]
         if node == 0:  # the other nodes of SGLang and vLLM serve no HTTP
@@ -83,8 +91,9 @@ def docker(service: Service) -> dict[str, str]:
                 "retries": 3,
                 "start_period": f"{STARTUP_S}s",
             }
-        notes = [f"node {node} of {service.nodes}: HEAD_IP=<node 0's address> docker compose up -d"] if multi else []
         name = f"compose.node{node}.yaml" if multi else "compose.yaml"
+        up = f"docker compose -f {name} up -d"
+        notes = [f"node {node} of {service.nodes}: HEAD_IP=<node 0's address> {up}" if multi else up]
         files[name] = _yaml([{"name": service.name, "services": {"engine": engine}}], service, notes)
     return files
 
@@ -93,7 +102,9 @@ def _container(service: Service, argv: list[str]) -> dict:
     gpu_resource = "nvidia.com/gpu" if service.vendor == "nvidia" else "amd.com/gpu"
     env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}}}]
     env += [{"name": k, "value": v} for k, v in service.env.items()]
+    rdma = {"securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}} if service.nodes > 1 else {}
     return {
+        **rdma,
         "name": "engine",
         "image": service.image,
         "command": argv,
@@ -108,7 +119,8 @@ def _container(service: Service, argv: list[str]) -> dict:
 
 
 def _probes(container: dict, service: Service) -> dict:
-    probe = {"httpGet": {"path": service.health_path, "port": "http"}}
+    # a health check may wait behind a busy step: 10 s, not the 1 s default
+    probe = {"httpGet": {"path": service.health_path, "port": "http"}, "timeoutSeconds": 10}
     return {
         **container,
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": STARTUP_S // 10},
@@ -151,6 +163,8 @@ def kubernetes(service: Service) -> dict[str, str]:
             "metadata": {"name": service.name, "labels": labels},
             "spec": {
                 "replicas": 1,
+                # the new pod needs the GPUs and the cache the old one holds: stop it first
+                "strategy": {"type": "Recreate"},
                 "selector": {"matchLabels": {"app.kubernetes.io/name": service.name}},
                 "template": {"metadata": {"labels": labels}, "spec": pod},
             },
@@ -184,7 +198,9 @@ def kubernetes(service: Service) -> dict[str, str]:
     front = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": service.name, "labels": labels},
+        # not the set's own name: LeaderWorkerSet makes a headless Service of that name, which its pods' addresses
+        # (LWS_LEADER_ADDRESS) resolve through
+        "metadata": {"name": f"{service.name}-api", "labels": labels},
         "spec": {"selector": selector, "ports": [{"name": "http", "port": service.port, "targetPort": "http"}]},
     }
     notes = [
@@ -227,9 +243,15 @@ def slurm(service: Service) -> dict[str, str]:
         f"  bash -c {shlex.quote(body)} &",
         "SERVER=$!",
         "",
+        f"DEADLINE=$((SECONDS + {STARTUP_S}))",
         f'until curl -fsS "http://$HEAD_IP:{service.port}{service.health_path}" >/dev/null 2>&1; do',
         '  if ! kill -0 "$SERVER" 2>/dev/null; then',
         '    echo "the engine stopped before it was ready: see the log above" >&2',
+        "    exit 1",
+        "  fi",
+        '  if [ "$SECONDS" -ge "$DEADLINE" ]; then',
+        f'    echo "node 0 did not answer {service.health_path} within {STARTUP_S} s: stopping" >&2',
+        '    kill "$SERVER"',
         "    exit 1",
         "  fi",
         "  sleep 10",

@@ -19,6 +19,10 @@ from shardwise.engines.flags import HEAD_IP
 from shardwise.errors import SpecError
 
 GIB = 1024**3
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Variables that carry a Hugging Face token: never written into a file (each form passes HF_TOKEN from the
+# environment or a secret)
+TOKENS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
 # Spare room in the model cache beyond the weights (tokenizer, configs, a second copy while a download resumes):
 # a choice, not a measurement.
 CACHE_SPARE = 0.25
@@ -49,6 +53,7 @@ class Service:
     def __post_init__(self) -> None:
         if not self.commands:
             raise SpecError("a setup to deploy needs at least one launch command")
+        refuse_tokens(self.env)
 
     @property
     def nodes(self) -> int:
@@ -64,21 +69,32 @@ class Service:
     @property
     def image(self) -> str:
         """The engine release's container image for this GPU vendor."""
-        table = _images()
-        for rule in table[self.engine][self.vendor]:
+        rule = self._image_rule
+        generation = _images()["amd_generations"].get(self.gpu, "")
+        if "{amd_generation}" in rule["image"] and not generation:
+            raise SpecError(f"no {self.engine} ROCm image is known for {self.gpu}; use MI300X, MI325X or MI355X")
+        return rule["image"].format(version=self.version, amd_generation=generation)
+
+    @property
+    def image_note(self) -> str | None:
+        """What the image asks of the machine (a CUDA 13 image needs driver 580), where anything."""
+        return self._image_rule.get("note")
+
+    @property
+    def _image_rule(self) -> dict[str, str]:
+        rules = _images()[self.engine][self.vendor]
+        for rule in rules:
             if Version(self.version) >= Version(rule["from"]):
-                generation = table["amd_generations"].get(self.gpu, "")
-                if "{amd_generation}" in rule["image"] and not generation:
-                    raise SpecError(
-                        f"no {self.engine} ROCm image is known for {self.gpu}; give an MI300X, MI325X or MI355X"
-                    )
-                return rule["image"].format(version=self.version, amd_generation=generation)
-        raise SpecError(f"no {self.engine} image is known for release {self.version}")
+                return rule
+        raise SpecError(
+            f"no {self.engine} container image is known for release {self.version} on {self.vendor} GPUs; give "
+            f"--engine-version {rules[-1]['from']} or later"
+        )
 
     @property
     def port(self) -> int:
         """The port the engine serves on: its --port, else the engine's default."""
-        value = _flag_value(self.commands[0], "--port")
+        value = flag_value(self.commands[0], "--port")
         return int(value) if value is not None else int(_images()["default_port"][self.engine])
 
     @property
@@ -97,18 +113,37 @@ class Service:
         argv = list(self.commands[node])
         if argv and argv[0] == "python":
             argv[0] = "python3"
-        if self.engine in _images()["binds_loopback"] and _flag_value(argv, "--host") is None:
+        host = flag_value(argv, "--host")
+        if host in LOOPBACK:  # nothing outside the container could reach it
+            argv = with_flag_value(argv, "--host", "0.0.0.0")
+        elif host is None and self.engine in _images()["binds_loopback"]:
             argv += ["--host", "0.0.0.0"]
         if head is not None:
             argv = [token.replace(HEAD_IP, head) for token in argv]
         if port:
             argv = [_HEAD_PORT.sub(r"\1", token) for token in argv]
         if rank is not None:
-            argv = _with_flag_value(argv, "--node-rank", rank)
+            argv = with_flag_value(argv, "--node-rank", rank)
         return argv
 
 
-def _flag_value(argv: tuple[str, ...] | list[str], flag: str) -> str | None:
+def refuse_tokens(env: dict[str, str]) -> None:
+    """One clear error where a command's environment carries a token: no deployment file holds one."""
+    secret = next((k for k in env if k in TOKENS), None)
+    if secret is not None:
+        raise SpecError(
+            f"the command sets {secret}: deploy writes no token into a file; drop it from the command (the files "
+            "take HF_TOKEN from the environment, or from the secret hf-token on Kubernetes)"
+        )
+
+
+def head_address_flag(engine: str) -> str:
+    """The flag of a multi-node command that names node 0's address."""
+    return str(_images()["head_address_flags"][engine])
+
+
+def flag_value(argv: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value a command gives `flag` (`--flag value` or `--flag=value`), or None."""
     for i, token in enumerate(argv):
         if token == flag and i + 1 < len(argv):
             return argv[i + 1]
@@ -117,14 +152,17 @@ def _flag_value(argv: tuple[str, ...] | list[str], flag: str) -> str | None:
     return None
 
 
-def _with_flag_value(argv: list[str], flag: str, value: str) -> list[str]:
+def with_flag_value(argv: list[str], flag: str, value: str) -> list[str]:
+    """The command with `flag`'s value replaced, or `flag value` added where it has none."""
     out = list(argv)
     for i, token in enumerate(out):
         if token == flag and i + 1 < len(out):
             out[i + 1] = value
-        elif token.startswith(flag + "="):
+            return out
+        if token.startswith(flag + "="):
             out[i] = f"{flag}={value}"
-    return out
+            return out
+    return [*out, flag, value]
 
 
 def split_env(command: tuple[str, ...] | list[str]) -> tuple[dict[str, str], tuple[str, ...]]:
