@@ -33,6 +33,7 @@ def _unit_table() -> dict[str, tuple[Dimension, float]]:
         table[f"{prefix}Hz"] = ("Hz", factor)
     table.update(
         {
+            "kW": ("W", 1e3),  # the SI spelling (the prefix table writes K, as in KB)
             "s": ("s", 1.0),
             "ms": ("s", 1e-3),
             "us": ("s", 1e-6),

@@ -32,6 +32,7 @@ from shardwise.cli.app import (
 from shardwise.cost.book import PriceBook
 from shardwise.cost.comm import CollectiveCost, collective_cost
 from shardwise.cost.memory import memory_ledger
+from shardwise.decide.economics import Economics, Pricing, economics
 from shardwise.decide.search import raised_fraction
 from shardwise.decide.theory import would_fit
 from shardwise.engines.base import Engine, Setup, engine_names, get_engine
@@ -230,9 +231,14 @@ def check(
         assert setup.layout is not None
         return confidence(setup.engine, setup.layout.family(), regime_of(p.concurrency), cluster_spec.gpu.name)
 
+    def economics_of(p: Prediction) -> Economics:
+        return economics(p, cluster_spec, setup.gpus_used)
+
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)
-        payload["predicted"] = report_predictions.predictions_payload(predicted, confidence_of) if predicted else None
+        payload["predicted"] = (
+            report_predictions.predictions_payload(predicted, confidence_of, economics_of) if predicted else None
+        )
         payload["prediction_note"] = note
         payload["decode_only"] = decode_only
         payload["simulated"] = (
@@ -254,6 +260,13 @@ def check(
                 report_table.print_renderable(report_predictions.collectives_table(predicted))
             for line in report_predictions.confidence_lines(predicted, confidence_of):
                 report_table.print_renderable(line)
+            report_table.print_renderable(
+                report_predictions.economics_line(
+                    max(predicted, key=lambda p: p.output_tok_s),
+                    economics_of(max(predicted, key=lambda p: p.output_tok_s)),
+                    Pricing().basis(cluster_spec),
+                )
+            )
         if simulated:
             title = f"simulated{', decode only (prompts cached)' if decode_only else ''}" + (
                 f", {lengths} lengths" if lengths else f", {isl} in / {osl} out"

@@ -36,7 +36,8 @@ from shardwise.cli.app import (
 )
 from shardwise.cost.book import PriceBook
 from shardwise.cost.memory import memory_ledger
-from shardwise.decide.rank import Objective
+from shardwise.decide.economics import Pricing
+from shardwise.decide.rank import OBJECTIVES, Objective
 from shardwise.decide.theory import SCREEN_LEVELS
 from shardwise.decide.theory import theorise as run_theorise
 from shardwise.engines.base import engine_names, get_engine
@@ -191,8 +192,23 @@ def theorise(
     burstiness: BurstinessOption = 1.0,
     seed: SeedOption = 0,
     objective: Annotated[
-        str, typer.Option(help="max-throughput, max-throughput-under-slo (with --tpot-ms/--ttft-ms) or min-latency.")
+        str,
+        typer.Option(
+            help="max-throughput, max-throughput-under-slo (with --tpot-ms/--ttft-ms), min-latency, min-cost (USD per "
+            "million output tokens) or max-tokens-per-watt."
+        ),
     ] = "max-throughput",
+    gpu_hour_usd: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="USD per GPU-hour to price at (default: the GPU's published price)."),
+    ] = None,
+    kwh_usd: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="USD per kWh: add the estimated energy to the hourly cost (an owned box; a rental price includes it).",
+        ),
+    ] = None,
     tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO: longest mean time per output token, ms.")] = None,
     ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO: longest time to first token, ms.")] = None,
     top: Annotated[int, typer.Option(min=1, help="Setups listed in the ranking.")] = 10,
@@ -213,9 +229,8 @@ def theorise(
     try:
         goal = Objective(objective)
     except ValueError:
-        raise SpecError(
-            f"unknown objective {objective!r}; use max-throughput, max-throughput-under-slo or min-latency"
-        ) from None
+        raise SpecError(f"unknown objective {objective!r}; use {OBJECTIVES}") from None
+    pricing = Pricing(gpu_hour_usd=gpu_hour_usd, kwh_usd=kwh_usd)
     engines = engine_names() if framework == "all" else [get_engine(framework).name]
     if workload is not None:
         mean_in, mean_out = dataset(workload).means
@@ -264,6 +279,7 @@ def theorise(
             lengths=lengths,
             range_ratio=range_ratio,
             progress=lambda done, total: update("predicting setups", done / total),
+            pricing=pricing,
         )
     if markdown is not None:
         report_files.write_text(markdown, report_theory.theory_markdown(theory, top=top))

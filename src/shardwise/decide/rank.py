@@ -3,7 +3,10 @@
 Objectives:
 - max-throughput: the most output tokens per second at any concurrency of the sweep;
 - max-throughput-under-slo: the same, counting only concurrencies whose TPOT (and TTFT) meet the limits;
-- min-latency: the fastest decode one client sees (output tokens per second per user at one request).
+- min-latency: the fastest decode one client sees (output tokens per second per user at one request);
+- min-cost: the fewest dollars per million output tokens at any concurrency (decide/economics.py: the GPUs' hourly
+  rate, and energy where an electricity price is given);
+- max-tokens-per-watt: the most output tokens per second per kilowatt drawn (the same module's estimate).
 Each prediction carries the confidence of its family (serve/accuracy.py: the errors validate measured on the rows of
 its engine and parallelism mechanisms). The best prediction does not win over a setup whose family was measured on
 this GPU with a smaller error unless its predicted gain exceeds its own uncertainty: an extrapolated mechanism must
@@ -15,6 +18,7 @@ ranking says so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -22,6 +26,7 @@ from itertools import groupby
 
 import numpy as np
 
+from shardwise.decide.economics import Pricing, economics
 from shardwise.decide.search import Candidate
 from shardwise.engines.base import get_engine
 from shardwise.engines.flags import flag_table, flag_words, parse_version
@@ -39,12 +44,24 @@ class Objective(str, Enum):
     MAX_THROUGHPUT = "max-throughput"
     UNDER_SLO = "max-throughput-under-slo"
     MIN_LATENCY = "min-latency"
+    MIN_COST = "min-cost"
+    MAX_TOKENS_PER_WATT = "max-tokens-per-watt"
+
+
+OBJECTIVES = ", ".join(o.value for o in Objective)
+# what a score's value is under each objective (higher is better under every one)
+VALUE_OF = {
+    Objective.MIN_COST: "output tokens per USD",
+    Objective.MAX_TOKENS_PER_WATT: "output tok/s per kW",
+    Objective.MIN_LATENCY: "output tok/s per user",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Score:
     candidate: Candidate
-    value: float  # output tok/s (throughput objectives) or tok/s per user (min-latency)
+    value: float  # output tok/s (throughput objectives), tok/s per user (min-latency), tokens per USD (min-cost) or
+    # tok/s per kW (max-tokens-per-watt): higher is better
     at: Prediction  # the concurrency that gives it
 
 
@@ -92,13 +109,16 @@ def rank(
     tpot_s: float | None = None,
     ttft_s: float | None = None,
     confidence_of: Callable[[Score], Confidence] | None = None,
+    pricing: Pricing | None = None,
 ) -> Ranking:
-    """Rank by `objective`; `confidence_of`: each score's confidence (none: the predictions alone decide)."""
+    """Rank by `objective`; `confidence_of`: each score's confidence (none: the predictions alone decide); `pricing`:
+    the rates min-cost prices at (default: each GPU's published price)."""
     if objective is Objective.UNDER_SLO and tpot_s is None and ttft_s is None:
         raise SpecError("max-throughput-under-slo needs a limit: give --tpot-ms and/or --ttft-ms")
+    pricing = pricing or Pricing()
     scores, unmet = [], []
     for c in candidates:
-        score = _score(c, objective, tpot_s=tpot_s, ttft_s=ttft_s)
+        score = _score(c, objective, tpot_s=tpot_s, ttft_s=ttft_s, pricing=pricing)
         if score is None:
             unmet.append(c)
         else:
@@ -202,10 +222,26 @@ def _closest_to_defaults(scores: list[Score], band: float) -> Score | None:
     return min(same, key=lambda s: (len(s.candidate.options), -s.value))
 
 
-def _score(c: Candidate, objective: Objective, *, tpot_s: float | None, ttft_s: float | None) -> Score | None:
+def _score(
+    c: Candidate, objective: Objective, *, tpot_s: float | None, ttft_s: float | None, pricing: Pricing
+) -> Score | None:
     if objective is Objective.MIN_LATENCY:
         first = min(c.predictions, key=lambda p: p.concurrency)
         return Score(candidate=c, value=first.per_user_tok_s, at=first)
+    if objective in (Objective.MIN_COST, Objective.MAX_TOKENS_PER_WATT):
+        assert c.priced_by is not None, "a setup is priced in dollars and watts on its search's cluster"
+        cluster = c.priced_by.cluster
+
+        def value(p: Prediction) -> float:
+            e = economics(p, cluster, c.gpus, pricing)
+            if objective is Objective.MAX_TOKENS_PER_WATT:
+                return e.output_tok_s_per_kw
+            if e.cost_per_hour_usd is None:
+                raise SpecError(f"min-cost needs a price: {pricing.basis(cluster)}")
+            return p.output_tok_s * 3600 / e.cost_per_hour_usd if e.cost_per_hour_usd > 0 else math.inf
+
+        best = max(c.predictions, key=value)
+        return Score(candidate=c, value=value(best), at=best)
     usable = [
         p
         for p in c.predictions

@@ -9,10 +9,11 @@ import gc
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from shardwise.decide.benchmark import BenchmarkRanking, simulate_best
 from shardwise.decide.ceiling import Ceiling, ceiling
+from shardwise.decide.economics import Economics, Pricing, economics
 from shardwise.decide.explain import Explanation, explain
 from shardwise.decide.rank import (
     Objective,
@@ -55,6 +56,13 @@ class Theory:
     verify: tuple[tuple[str, ...], ...]  # commands that check the winner: its launch on each node, then the checks
     would_fit: tuple[str, ...]  # when nothing serves: what would
     benchmark: BenchmarkRanking | None = None  # the best setups simulated as a benchmark would send the load
+    pricing: Pricing = field(default_factory=Pricing)  # the rates costs are priced at
+
+    def economics_of(self, score: Score) -> Economics:
+        """Cost and power of a ranked setup at the load its score comes from."""
+        c = score.candidate
+        cluster = c.priced_by.cluster if c.priced_by is not None else self.result.case.cluster
+        return economics(score.at, cluster, c.gpus, self.pricing)
 
     @property
     def best(self) -> Candidate | None:
@@ -111,6 +119,7 @@ def theorise(
     lengths: str | None = None,
     range_ratio: float | None = None,
     progress: Callable[[int, int], None] | None = None,
+    pricing: Pricing | None = None,
 ) -> Theory:
     """Search, rank and explain; with `workloads` (a benchmark's loads, drawn from `lengths` or with `range_ratio`
     as the command line asked), also simulate the best setups under them, and verify the best of those. `model` and
@@ -136,13 +145,35 @@ def theorise(
             progress=progress,
             saturate=concurrency is None,
         )
+        if objective is Objective.MIN_COST:  # fewer GPUs rented may cost less per token: search those too
+            parts = [
+                search(
+                    model,
+                    part,
+                    model_ref=model_ref,
+                    engines=engines,
+                    isl=isl,
+                    osl=osl,
+                    concurrency=result.concurrency,  # the whole cluster's levels: every setup at the same loads
+                    version=version,
+                )
+                for part in rented_parts(cluster)
+            ]
+            result = replace(result, candidates=result.candidates + tuple(c for r in parts for c in r.candidates))
         gpu = cluster.gpu.name
 
         def confidence_of(s: Score) -> Confidence:
             c = s.candidate
             return confidence(c.engine, c.layout.family(), regime_of(s.at.concurrency), gpu)
 
-        ranking = rank(result.candidates, objective, tpot_s=tpot_s, ttft_s=ttft_s, confidence_of=confidence_of)
+        ranking = rank(
+            result.candidates,
+            objective,
+            tpot_s=tpot_s,
+            ttft_s=ttft_s,
+            confidence_of=confidence_of,
+            pricing=pricing,
+        )
         winners = winners_by_concurrency(result.candidates)
         benchmark = simulate_best(result, ranking, workloads) if workloads and ranking.scores else None
         if benchmark is not None and benchmark.best is not None and objective is Objective.MAX_THROUGHPUT:
@@ -163,7 +194,44 @@ def theorise(
             verify=verify,
             would_fit=() if result.candidates else _too_long(result) + would_fit(model, cluster, isl=isl, osl=osl),
             benchmark=benchmark,
+            pricing=pricing or Pricing(),
         )
+
+
+def rented_parts(cluster: ClusterSpec) -> list[ClusterSpec]:
+    """The smaller parts of `cluster` a team could rent instead, largest first: half the nodes (again while more than
+    one), then one node with half its GPUs (again down to one), each on the same GPUs and links."""
+    parts = []
+    nodes = cluster.nodes
+    while nodes > 1:
+        nodes //= 2
+        name = f"{nodes}x{cluster.gpus_per_node}x{cluster.gpu.name}" if nodes > 1 else None
+        parts.append(
+            cluster.model_copy(
+                update={
+                    "nodes": nodes,
+                    "name": name or f"{cluster.gpus_per_node}x{cluster.gpu.name}",
+                    "inter": cluster.inter if nodes > 1 else None,
+                }
+            )
+        )
+    per = cluster.gpus_per_node
+    while per > 1:
+        per //= 2
+        numa = max(1, cluster.intra.numa_nodes * per // cluster.gpus_per_node)
+        intra = cluster.intra.model_copy(update={"numa_nodes": numa})
+        parts.append(
+            cluster.model_copy(
+                update={
+                    "nodes": 1,
+                    "gpus_per_node": per,
+                    "name": f"{per}x{cluster.gpu.name}",
+                    "inter": None,
+                    "intra": intra,
+                }
+            )
+        )
+    return parts
 
 
 def _verify(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardwise.cost.memory import memory_ledger
-from shardwise.decide.rank import Ranking
+from shardwise.decide.rank import Objective, Ranking
 from shardwise.decide.search import Candidate, SearchResult
 from shardwise.engines.base import Engine, Setup, get_engine
 from shardwise.serve.steady import Prediction, Predictor
@@ -37,7 +37,9 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
     win = ranking.best
     if win is None:
         return []
-    base = win.value
+    # what-ifs are priced in output tok/s: the winner's own (its score is another figure under min-latency, min-cost
+    # and max-tokens-per-watt; min-latency keeps its per-user figure, which its what-ifs compare)
+    base = win.value if ranking.objective is Objective.MIN_LATENCY else win.at.output_tok_s
     out = [_option(result, win.candidate, base, label) for label in ("CUDA graphs off", "FP8 KV cache")]
     out.append(_nvlink(result, ranking, base))
     out.append(

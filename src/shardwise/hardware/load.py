@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from shardwise.errors import DataError, SpecError
 from shardwise.hardware.collectives import CollectiveTables
-from shardwise.hardware.profile import GpuProfile, LinkProfile, Overheads, RuntimeProfile
+from shardwise.hardware.profile import GpuProfile, LinkProfile, Overheads, PowerFacts, RuntimeProfile
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -76,6 +76,13 @@ def runtime() -> RuntimeProfile:
     """Per-GPU memory of the CUDA stack and communication buffers."""
     path = data_dir() / "runtime.yaml"
     return validate(RuntimeProfile, read_yaml(path), origin=str(path))
+
+
+@cache
+def power_facts() -> PowerFacts:
+    """What a node draws besides its GPUs."""
+    path = data_dir() / "power.yaml"
+    return validate(PowerFacts, read_yaml(path), origin=str(path))
 
 
 @cache

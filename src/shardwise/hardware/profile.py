@@ -40,6 +40,17 @@ class Fact(Frozen):
 TENSOR_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 
 
+class HourlyPrice(Frozen):
+    """What one GPU-hour costs: the rate shardwise prices at, and the range published beside it, with its date."""
+
+    usd: float = Field(gt=0, description="USD per GPU-hour that costs are priced at")
+    low_usd: float = Field(gt=0)
+    high_usd: float = Field(gt=0)
+    source: str = Field(min_length=2, description="a key of data/hardware/sources.yaml, then any detail")
+    date: str = Field(description="when the prices were published (YYYY-MM-DD)")
+    note: str | None = None
+
+
 class GpuProfile(Frozen):
     """One GPU model: memory, bandwidth, dense tensor throughput, links."""
 
@@ -63,6 +74,7 @@ class GpuProfile(Frozen):
     sm_count: Quantity | None = None
     l2_cache: Quantity | None = None
     tdp: Quantity
+    price_per_hour: HourlyPrice | None = Field(None, description="published rental or TCO price, where one is")
     host_link: Fact = Field(description="link profile name of the host interface, e.g. 'pcie5-x16'")
     gpu_link: Fact = Field(description="link profile name of the GPU-to-GPU fabric, or 'none'")
     p2p: Fact = Field(description="whether GPUs can reach each other's memory directly over PCIe")
@@ -143,6 +155,13 @@ class RuntimeProfile(Frozen):
     non_torch_multi_gpu: Quantity
     deepep_buffers: Quantity
     vlm_cache: Quantity
+
+
+class PowerFacts(Frozen):
+    """What a machine draws besides its GPUs (data/hardware/power.yaml)."""
+
+    name: str
+    host_per_gpu: Quantity = Field(description="a node's CPUs, memory, switches, NICs and fans, per GPU it holds")
 
 
 class Overheads(Frozen):

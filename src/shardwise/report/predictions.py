@@ -8,10 +8,12 @@ from typing import Any
 from rich.table import Table
 
 from shardwise.cost.step import StepCost
+from shardwise.decide.economics import Economics
 from shardwise.serve.accuracy import Confidence
 from shardwise.serve.steady import Prediction
 
 ConfidenceOf = Callable[[Prediction], Confidence]
+EconomicsOf = Callable[[Prediction], Economics]
 
 PART_LABELS = {
     "memory": "mem",
@@ -25,10 +27,14 @@ PART_LABELS = {
 }
 
 
-def prediction_payload(p: Prediction, confidence_of: ConfidenceOf | None = None) -> dict[str, Any]:
+def prediction_payload(
+    p: Prediction, confidence_of: ConfidenceOf | None = None, economics_of: EconomicsOf | None = None
+) -> dict[str, Any]:
     """One prediction in milliseconds and tokens per second, its breakdown summing to TPOT; with `confidence_of`, the
-    errors validate measured on its family (serve/accuracy.py)."""
+    errors validate measured on its family (serve/accuracy.py); with `economics_of`, its cost and power
+    (decide/economics.py)."""
     confidence = {"confidence": confidence_of(p).to_json()} if confidence_of else {}
+    money = economics_payload(economics_of(p)) if economics_of else {}
     return {
         "concurrency": p.concurrency,
         "running": p.running,
@@ -41,7 +47,30 @@ def prediction_payload(p: Prediction, confidence_of: ConfidenceOf | None = None)
         "by_class_ms": {k: round(v * 1e3, 3) for k, v in _step(p).by_class_s().items()},
         "decode_coverage": _step(p).coverage,
         "collectives_ms": {k: round(v * 1e3, 3) for k, v in collective_times_s(p).items()},
+        **money,
         **confidence,
+    }
+
+
+def economics_line(p: Prediction, e: Economics, basis: str) -> str:
+    """Cost and power of the best of a check's predictions, one sentence."""
+    usd = e.usd_per_million_output_tokens
+    cost = f"${usd:,.3f} per million output tokens at {basis}" if usd is not None else f"cost unknown: {basis}"
+    return (
+        f"Cost and power at {p.concurrency} clients: {cost}; {e.output_tok_s_per_kw:,.1f} output tok/s per kW "
+        f"({e.power_w / 1e3:,.1f} kW, an estimate: GPUs at TDP while they run kernels, hosts' share)."
+    )
+
+
+def economics_payload(e: Economics) -> dict[str, Any]:
+    """Cost and power of one prediction (decide/economics.py; power is an estimate)."""
+    usd = e.usd_per_million_output_tokens
+    return {
+        "usd_per_million_output_tokens": round(usd, 4) if usd is not None else None,
+        "output_tok_s_per_kw": round(e.output_tok_s_per_kw, 3),
+        "power_w": round(e.power_w, 1),
+        "gpu_power_w": round(e.gpu_power_w, 1),
+        "gpu_utilisation": round(e.gpu_utilisation, 4),
     }
 
 
@@ -73,9 +102,9 @@ def collectives_table(predictions: list[Prediction]) -> Table:
 
 
 def predictions_payload(
-    predictions: list[Prediction], confidence_of: ConfidenceOf | None = None
+    predictions: list[Prediction], confidence_of: ConfidenceOf | None = None, economics_of: EconomicsOf | None = None
 ) -> list[dict[str, Any]]:
-    return [prediction_payload(p, confidence_of) for p in predictions]
+    return [prediction_payload(p, confidence_of, economics_of) for p in predictions]
 
 
 def confidence_lines(predictions: list[Prediction], confidence_of: ConfidenceOf) -> list[str]:

@@ -12,11 +12,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shardwise.decide.rank import KNEE, Objective, Score, flag_gains, knee, option_gains, tied
+from shardwise.decide.economics import Economics, Pricing, economics
+from shardwise.decide.rank import KNEE, VALUE_OF, Objective, Score, flag_gains, knee, option_gains, tied
 from shardwise.decide.search import Candidate
 from shardwise.decide.theory import Theory
 from shardwise.engines.flags import command_text
-from shardwise.report.predictions import PART_LABELS, prediction_payload
+from shardwise.report.predictions import PART_LABELS, economics_payload, prediction_payload
 from shardwise.report.simulation import short_load
 from shardwise.report.table import ShellLine
 from shardwise.serve.accuracy import Confidence, confidence, measured_on, regime_of, stated_median
@@ -32,6 +33,82 @@ PART_NAMES = {
     "prefill": "prefill",
     "draft": "drafting",
 }
+
+
+def score_text(t: Theory, value: float, *, unit: bool = True) -> str:
+    """A ranking score as its objective reads: dollars per million output tokens under min-cost, tok/s per kW under
+    max-tokens-per-watt, else the tok/s figure ("tok/s" after it where `unit`)."""
+    objective = t.ranking.objective
+    if objective is Objective.MIN_COST:
+        return f"${1e6 / value:,.3f} per million output tokens" if value > 0 else "free"
+    if objective is Objective.MAX_TOKENS_PER_WATT:
+        return f"{value:,.1f} tok/s per kW"
+    return f"{value:,.0f}" + (" tok/s" if unit else "")
+
+
+def economics_line(t: Theory, score: Score) -> str:
+    """What the setup costs and draws at its load."""
+    e = t.economics_of(score)
+    cluster = t.result.case.cluster
+    cost = (
+        f"${e.usd_per_million_output_tokens:,.3f} per million output tokens at {t.pricing.basis(cluster)}"
+        + (f" plus ${t.pricing.kwh_usd:,.3f} per kWh" if t.pricing.kwh_usd else "")
+        if e.usd_per_million_output_tokens is not None
+        else f"cost unknown: {t.pricing.basis(cluster)}"
+    )
+    return (
+        f"Cost and power at {score.at.concurrency} clients: {cost}; {e.output_tok_s_per_kw:,.1f} output tok/s per "
+        f"kW ({e.power_w / 1e3:,.1f} kW: the GPUs {e.gpu_power_w / 1e3:,.1f} at their TDP for the "
+        f"{e.gpu_utilisation:.0%} of each token's time they run kernels, the hosts {e.host_power_w / 1e3:,.1f}; an "
+        "estimate)."
+    )
+
+
+def _fastest_line(t: Theory) -> list[str]:
+    """Under min-cost or max-tokens-per-watt, where the fastest setup is another: why the winner is not it."""
+    win = t.ranking.best
+    if t.ranking.objective not in (Objective.MIN_COST, Objective.MAX_TOKENS_PER_WATT) or win is None:
+        return []
+    fastest = max(t.ranking.scores, key=lambda s: (s.candidate.peak.output_tok_s, -s.candidate.gpus))
+    if fastest.candidate is win.candidate:
+        return [
+            f"It is also the fastest setup: on {win.candidate.gpus} GPUs at one rate, the most tokens are the "
+            "cheapest per token."
+            if t.ranking.objective is Objective.MIN_COST
+            else "It is also the fastest setup."
+        ]
+    peak = fastest.candidate.peak
+    cluster = fastest.candidate.priced_by.cluster if fastest.candidate.priced_by else t.result.case.cluster
+    theirs, ours = economics(peak, cluster, fastest.candidate.gpus, t.pricing), t.economics_of(win)
+    more = f"{peak.output_tok_s / win.at.output_tok_s - 1:+.0%}"
+    fast = (
+        f"The fastest setup, {fastest.candidate.name}, makes {more} the tokens ({peak.output_tok_s:,.0f} tok/s on "
+        f"{fastest.candidate.gpus} GPUs drawing {theirs.power_w / 1e3:,.1f} kW, against {win.at.output_tok_s:,.0f} on "
+        f"{win.candidate.gpus} drawing {ours.power_w / 1e3:,.1f} kW)"
+    )
+    if t.ranking.objective is Objective.MIN_COST:
+        mine, other = ours.usd_per_million_output_tokens, theirs.usd_per_million_output_tokens
+        if mine is None or other is None:
+            return []
+        money = f"{fast} at ${other:,.3f} per million against ${mine:,.3f}"
+        if other >= mine:
+            return [f"{money}: more tokens, dearer ones."]
+        if tied(1 / other, 1 / mine, t.ranking.band):
+            copies = "×" in fastest.candidate.name.split(",")[0]
+            return [
+                f"{money}: within the model's {t.ranking.band:.0%} error, no cheaper per token than renting "
+                f"{win.candidate.gpus} GPUs for this one"
+                + (" (it runs copies of such a setup side by side)." if copies else ".")
+            ]
+        return [f"{money}: predicted cheaper, but less certain: the lines below say why it is not recommended."]
+    mine_kw, other_kw = ours.output_tok_s_per_kw, theirs.output_tok_s_per_kw
+    if other_kw < mine_kw:
+        relation = "fewer per watt"
+    elif tied(mine_kw, other_kw, t.ranking.band):
+        relation = f"about as many per watt, within the model's {t.ranking.band:.0%} error"
+    else:
+        relation = "more per watt, predicted, but less certain: the lines below say why it is not recommended"
+    return [f"{fast}: {other_kw:,.1f} tok/s per kW against {mine_kw:,.1f}, {relation}."]
 
 
 def headline(t: Theory) -> str:
@@ -59,9 +136,11 @@ def narrative(t: Theory) -> list[str]:
             f"per output token) at {p.concurrency} client(s)."
         ]
     else:
+        whole = r.case.cluster.num_gpus
+        part = f" on {c.gpus} of the {whole} GPUs" if c.gpus < whole else ""
         lines = [
-            f"Best for {t.ranking.objective.value}: {c.name}: {p.output_tok_s:,.0f} output tok/s at {p.concurrency} "
-            f"clients ({p.output_tok_s / c.gpus:,.0f} per GPU, {p.per_user_tok_s:,.1f} per user); "
+            f"Best for {t.ranking.objective.value}: {c.name}{part}: {p.output_tok_s:,.0f} output tok/s at "
+            f"{p.concurrency} clients ({p.output_tok_s / c.gpus:,.0f} per GPU, {p.per_user_tok_s:,.1f} per user); "
             f"{one.output_tok_s:,.1f} tok/s at {one.concurrency} client."
         ]
     parts = ", ".join(
@@ -81,6 +160,8 @@ def narrative(t: Theory) -> list[str]:
     )
     if t.ranking.objective is not Objective.MIN_LATENCY:
         lines.append(_saturation_line(t, c))
+    lines.append(economics_line(t, win))
+    lines += _fastest_line(t)
     lines.append(_memory_line(c))
     lines += _defaults_lines(t)
     lines += _confidence_lines(t)
@@ -88,14 +169,16 @@ def narrative(t: Theory) -> list[str]:
     if ties:
         lines.append(
             f"Within {t.ranking.band:.0%} of it in the same family (a tie: the model's median error over every "
-            "validated run): " + "; ".join(f"{s.candidate.name} ({s.value:,.0f})" for s in ties[:4]) + "."
+            "validated run): "
+            + "; ".join(f"{s.candidate.name} ({score_text(t, s.value, unit=False)})" for s in ties[:4])
+            + "."
         )
     if t.ceiling:
         ce = t.ceiling
         lines.append(
             f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s ({ce.batch:,} requests at once, every byte "
             f"of memory for weights once and KV, {ce.bound}-bound, no communication or overheads); the winner "
-            f"reaches {win.value / ce.output_tok_s:.1%} of it."
+            f"reaches {p.output_tok_s / ce.output_tok_s:.1%} of it."
             if t.ranking.objective is not Objective.MIN_LATENCY
             else f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s at full batch."
         )
@@ -131,7 +214,7 @@ def _confidence_lines(t: Theory) -> list[str]:
             "no run of its family was measured on these GPUs" if theirs.basis != "this GPU" else "its family errs more"
         )
         lines.append(
-            f"Recommended over {over.candidate.name} ({over.value:,.0f} tok/s predicted, "
+            f"Recommended over {over.candidate.name} ({score_text(t, over.value)} predicted, "
             f"{over.value / win.value - 1:+.0%}): {why} ({theirs.family}, uncertainty ±{theirs.uncertainty:.0%}), and "
             f"its predicted gain is within that; {mine.family} was measured here. Measure it before relying on it."
         )
@@ -140,8 +223,8 @@ def _confidence_lines(t: Theory) -> list[str]:
         lines.append(
             f"Its family was not measured on these GPUs, and its predicted gain ({win.value / alt.value - 1:+.0%}) "
             f"exceeds its uncertainty (±{mine.uncertainty:.0%}) over the best setup whose family was: "
-            f"{alt.candidate.name} ({alt.value:,.0f} tok/s, {theirs.family} ±{theirs.uncertainty:.0%}). Measure the "
-            "winner before relying on it; that one is the measured fallback."
+            f"{alt.candidate.name} ({score_text(t, alt.value)}, {theirs.family} ±{theirs.uncertainty:.0%}). Measure "
+            "the winner before relying on it; that one is the measured fallback."
         )
     gpu, regime = t.result.case.cluster.gpu.name, mine.regime
     searched = sorted({(s.candidate.engine, s.candidate.layout.family()) for s in t.ranking.scores})
@@ -185,14 +268,15 @@ def _defaults_lines(t: Theory) -> list[str]:
     over = t.ranking.preferred_over
     if over is not None:
         lines.append(
-            f"Recommended over {over.candidate.name} ({over.value:,.0f}, {over.value / win.value - 1:+.1%}): within "
+            f"Recommended over {over.candidate.name} ({score_text(t, over.value, unit=False)}, "
+            f"{over.value / win.value - 1:+.1%}): within "
             f"the model's {t.ranking.band:.0%} error, the setup closer to the engine's defaults wins the tie."
         )
 
     def bought(gain: float, without: float) -> str:
         tie = "; a tie, within the model's error" if tied(without, win.value, t.ranking.band) else ""
         share = f"{gain:+.0%}" if abs(gain) >= 0.01 else f"{gain:+.1%}"
-        return f"{share} ({without:,.0f} without{tie})"
+        return f"{share} ({score_text(t, without, unit=False)} without{tie})"
 
     said = []
     for g in option_gains(t.ranking):
@@ -270,7 +354,10 @@ def family_lines(t: Theory) -> list[str]:
     out = []
     for f in t.explanation.families:
         why = "; ".join(r.text for r in f.reasons) or "a tie within the model's accuracy"
-        out.append(f"{f.family}: best is {f.best.name}, {f.value:,.0f} ({f.ratio:.0%} of the winner): {why}")
+        out.append(
+            f"{f.family}: best is {f.best.name}, {score_text(t, f.value, unit=False)} ({f.ratio:.0%} of the winner): "
+            f"{why}"
+        )
     return out
 
 
@@ -327,12 +414,16 @@ def _ranked_table(t: Theory, top: int) -> Table:
         title=f"top {min(top, len(shown))} of {len(shown)} layouts that start, each at its best options "
         f"({len(t.ranking.scores)} setups); ±: its family's uncertainty (* not measured on these GPUs)"
     )
-    for name in ("#", "setup", "tok/s", "±", "at C", "/GPU", "/user", "C=1", "bound", "KV req"):
+    # dollars and watts as columns where the objective ranks by them (the narrative and --json give them always)
+    priced = t.ranking.objective in (Objective.MIN_COST, Objective.MAX_TOKENS_PER_WATT)
+    money = ("$/Mtok", "tok/s/kW") if priced else ()
+    for name in ("#", "setup", "tok/s", "±", "at C", "/GPU", "/user", "C=1", *money, "bound", "KV req"):
         table.add_column(name, justify="left" if name in ("setup", "bound") else "right")
     for n, s in enumerate(shown[:top], start=1):
         c, p = s.candidate, s.at
         one = min(c.predictions, key=lambda q: q.concurrency)
         conf = t.ranking.confidence(s)
+        e = t.economics_of(s)
         table.add_row(
             str(n),
             c.name,
@@ -342,6 +433,14 @@ def _ranked_table(t: Theory, top: int) -> Table:
             f"{p.output_tok_s / c.gpus:,.0f}",
             f"{p.per_user_tok_s:,.1f}",
             f"{one.output_tok_s:,.1f}",
+            *(
+                (
+                    f"{e.usd_per_million_output_tokens:,.2f}" if e.usd_per_million_output_tokens is not None else "?",
+                    f"{e.output_tok_s_per_kw:,.0f}",
+                )
+                if priced
+                else ()
+            ),
             p.bound.replace("kv_capacity", "KV"),
             str(c.memory.max_concurrency(isl=t.result.case.isl, osl=t.result.case.osl)),
         )
@@ -507,8 +606,13 @@ def _short(cmd: str) -> str:
 # --- JSON -------------------------------------------------------------------------------------------------
 
 
-def _candidate_payload(c: Candidate, isl: int, osl: int, gpu: str) -> dict[str, Any]:
+def _candidate_payload(c: Candidate, isl: int, osl: int, gpu: str, pricing: Pricing) -> dict[str, Any]:
     family = c.layout.family()
+    cluster = c.priced_by.cluster if c.priced_by is not None else None
+
+    def economics_of(p: Prediction) -> Economics:
+        assert cluster is not None, "a ranked setup is priced on its search's cluster"
+        return economics(p, cluster, c.gpus, pricing)
 
     def confidence_of(p: Prediction) -> Confidence:
         return confidence(c.engine, family, regime_of(p.concurrency), gpu)
@@ -523,7 +627,9 @@ def _candidate_payload(c: Candidate, isl: int, osl: int, gpu: str) -> dict[str, 
         "kv_tokens": c.memory.kv_tokens_total,
         "max_concurrency": c.memory.max_concurrency(isl=isl, osl=osl),
         "bound": c.peak.bound,
-        "predicted": [prediction_payload(p, confidence_of) for p in c.priced()],
+        "predicted": [
+            prediction_payload(p, confidence_of, economics_of if cluster is not None else None) for p in c.priced()
+        ],
     }
 
 
@@ -567,7 +673,8 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
             "score": round(s.value, 3),
             "at_concurrency": s.at.concurrency,
             "confidence": conf.to_json() if (conf := t.ranking.confidence(s)) else None,
-            **_candidate_payload(s.candidate, r.case.isl, r.case.osl, r.case.cluster.gpu.name),
+            **economics_payload(t.economics_of(s)),
+            **_candidate_payload(s.candidate, r.case.isl, r.case.osl, r.case.cluster.gpu.name, t.pricing),
         }
         for n, s in enumerate(scores, start=1)
     ]
@@ -580,6 +687,12 @@ def theory_payload(t: Theory, *, top: int | None = None) -> dict[str, Any]:
         "osl": r.case.osl,
         "concurrency": list(r.concurrency),
         "objective": t.ranking.objective.value,
+        "score_unit": VALUE_OF.get(t.ranking.objective, "output tok/s"),
+        "pricing": {
+            "gpu_hour_usd": t.pricing.hourly_usd(r.case.cluster),
+            "kwh_usd": t.pricing.kwh_usd,
+            "basis": t.pricing.basis(r.case.cluster),
+        },
         "best": ranked[0] if ranked else None,
         "narrative": narrative(t),
         "preferred_over": t.ranking.preferred_over.candidate.name if t.ranking.preferred_over else None,

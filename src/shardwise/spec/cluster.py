@@ -20,7 +20,7 @@ from shardwise.frozen import Frozen
 from shardwise.hardware.calibration import Calibration
 from shardwise.hardware.collectives import CollectiveTables
 from shardwise.hardware.load import collective_tables, load_gpu, load_link, read_yaml, validate
-from shardwise.hardware.profile import GpuProfile, LinkProfile
+from shardwise.hardware.profile import GpuProfile, HourlyPrice, LinkProfile, Quantity
 
 DEFAULT_CLUSTER = "8xrtx-pro-6000"
 DEFAULT_NETWORK = "ib-ndr"  # one 400 Gb/s NIC per GPU, the usual H100/H200 build (AIC-S)
@@ -111,6 +111,9 @@ class ClusterFile(Frozen):
     gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     intra_node: dict[str, Any] = Field(default_factory=dict)
     inter_node: dict[str, Any] | None = None
+    # this box's own figures instead of the catalog's: what one GPU-hour costs (USD) and each GPU's power limit (W)
+    gpu_hour_usd: float | None = Field(None, ge=0)
+    gpu_power_w: float | None = Field(None, gt=0)
 
 
 def _matching_tables(gpu: GpuProfile, intra: IntraNode) -> CollectiveTables | None:
@@ -129,9 +132,18 @@ def build_cluster(
     gpus_per_node: int,
     intra_node: dict[str, Any] | None = None,
     inter_node: dict[str, Any] | None = None,
+    gpu_hour_usd: float | None = None,
+    gpu_power_w: float | None = None,
 ) -> ClusterSpec:
-    """Resolve GPU and link names into a ClusterSpec, taking unstated links from the GPU's profile."""
+    """Resolve GPU and link names into a ClusterSpec, taking unstated links from the GPU's profile; `gpu_hour_usd`
+    and `gpu_power_w` replace the catalog's price and TDP with the box's own."""
     profile = load_gpu(gpu)
+    own = f"cluster {name}"
+    if gpu_hour_usd is not None:
+        price = HourlyPrice(usd=gpu_hour_usd, low_usd=gpu_hour_usd, high_usd=gpu_hour_usd, source=own, date="given")
+        profile = profile.model_copy(update={"price_per_hour": price})
+    if gpu_power_w is not None:
+        profile = profile.model_copy(update={"tdp": Quantity(value=gpu_power_w, unit="W", source=own)})
     intra_node = dict(intra_node or {})
     default_link = profile.gpu_link.value if profile.has_gpu_link else profile.host_link.value
     unknown = set(intra_node) - {"link", "p2p", "numa_nodes", "pcie_switches"}
@@ -230,4 +242,6 @@ def load_cluster(ref: str = DEFAULT_CLUSTER) -> ClusterSpec:
         gpus_per_node=spec.gpus_per_node,
         intra_node=spec.intra_node,
         inter_node=spec.inter_node,
+        gpu_hour_usd=spec.gpu_hour_usd,
+        gpu_power_w=spec.gpu_power_w,
     )
