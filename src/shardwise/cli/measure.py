@@ -300,12 +300,26 @@ def sweep(
     ] = None,
     health_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for an engine's /health.")] = 1800.0,
     force: Annotated[bool, typer.Option("--force", help="Also start setups check says cannot start.")] = False,
+    scheduler: Annotated[
+        str, typer.Option(help="local (one after another on this machine) or slurm (one batch job per setup).")
+    ] = "local",
+    slurm_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slurm-option", help="An sbatch option for every job, e.g. --slurm-option=--gpus-per-node=8; repeatable."
+        ),
+    ] = None,
+    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between looks at the Slurm queue.")] = 5.0,
     json: JsonFlag = False,
 ) -> None:
     """Start each setup, benchmark it, stop it, record it; diagnose the ones that fail; then calibrate on what
-    was measured and print the re-ranked setups. Run again to continue: finished setups are not re-run."""
+    was measured and print the re-ranked setups. Run again to continue: finished setups are not re-run. With
+    --scheduler slurm each setup is a batch job (sbatch), followed until it ends; Ctrl-C cancels the jobs."""
     from shardwise.measure.sweep import SweepPlan, recalibrate, reranked
     from shardwise.measure.sweep import sweep as run_sweep
+
+    if scheduler not in ("local", "slurm"):
+        raise SpecError(f"unknown scheduler {scheduler!r}; use local or slurm")
     from shardwise.report import bench as report_bench
 
     cluster_spec = load_cluster(gpus)
@@ -338,8 +352,23 @@ def sweep(
         launcher=launcher,
         health_timeout_s=health_timeout,
         force=force,
+        cluster_ref=gpus,
     )
-    records = run_sweep(sweep_plan, progress=lambda c: typer.echo(f"sweeping: {c}", err=True))
+    if scheduler == "slurm":
+        from shardwise.measure.slurm import sweep_slurm
+
+        try:
+            records = sweep_slurm(
+                sweep_plan,
+                options=tuple(slurm_option or ()),
+                poll_s=poll,
+                progress=lambda c: typer.echo(f"submitted: {c}", err=True),
+            )
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the sweep's Slurm jobs are cancelled; run it again to continue", err=True)
+            raise typer.Exit(130) from None
+    else:
+        records = run_sweep(sweep_plan, progress=lambda c: typer.echo(f"sweeping: {c}", err=True))
     calibration, why = recalibrate(records, sweep_plan)
     ranked = reranked(records, sweep_plan, calibration)
     if calibration is not None:

@@ -62,6 +62,7 @@ class SweepPlan:
     launcher: str | None = None  # replaces the engine's launcher (a stand-in engine, a container wrapper)
     health_timeout_s: float = 1800.0
     force: bool = False
+    cluster_ref: str | None = None  # how the cluster was named (a job on another node loads it again)
 
 
 def _free_port() -> int:
@@ -145,14 +146,17 @@ def stop(process: subprocess.Popen) -> None:
         pass
 
 
-def run_one(plan: SweepPlan, command: str, index: int) -> dict[str, Any]:
+def run_one(plan: SweepPlan, command: str, index: int, log_path: Path | None = None) -> dict[str, Any]:
+    """Check, start, benchmark and stop one setup; its engine's output goes to `log_path` (appended; default a log of
+    its own in the sweep's folder)."""
     layout, predicted, refusal = _predicted(plan, command)
     record: dict[str, Any] = {"command": command, "layout": layout, "predicted_output_tok_s": predicted}
     if refusal and not plan.force:
         return {**record, "status": "skipped", "reason": refusal}
     port = _free_port()
-    log_path = plan.folder / f"engine-{index}.log"
-    with log_path.open("w") as log:
+    mode = "a" if log_path is not None else "w"  # a job's log holds the scheduler's words before the engine's
+    log_path = log_path or plan.folder / f"engine-{index}.log"
+    with log_path.open(mode) as log:
         process = subprocess.Popen(
             _argv(plan, command, port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
