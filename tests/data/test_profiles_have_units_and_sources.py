@@ -1,8 +1,10 @@
 """Data contract: every hardware figure has a unit of the right kind and a source that is listed."""
 
+import datetime
+
 import pytest
 
-from shardwise.hardware.load import collective_tables, gpus, links, overheads, runtime, sources
+from shardwise.hardware.load import collective_tables, gpus, links, overheads, power_facts, runtime, sources
 from shardwise.hardware.profile import Fact, Quantity
 
 DIMENSIONS = {
@@ -33,6 +35,7 @@ DIMENSIONS = {
     "speculative_step_cpu": "s",
     "tokenize_cpu_per_prose_token": "s",
     "tokenize_cpu_per_random_token": "s",
+    "host_per_gpu": "W",
 }
 
 
@@ -46,7 +49,7 @@ def _figures(profile):
 
 
 def _all_figures():
-    for profile in [*gpus().values(), *links().values(), runtime(), overheads()]:
+    for profile in [*gpus().values(), *links().values(), runtime(), overheads(), power_facts()]:
         for where, field, figure in _figures(profile):
             yield f"{profile.name}.{where}", field, figure
 
@@ -95,6 +98,15 @@ def test_gpu_figures_are_consistent(gpu):
     assert gpu.host_link.value in links()
     assert gpu.gpu_link.value == "none" or gpu.gpu_link.value in links()
     assert gpu.name not in gpu.aliases
+
+
+@pytest.mark.parametrize("gpu", [g for g in gpus().values() if g.price_per_hour], ids=lambda g: g.name)
+def test_each_price_names_its_sources_and_sits_in_its_published_range(gpu):
+    price = gpu.price_per_hour
+    for key in price.source.split(" and "):
+        assert key in sources(), f"{gpu.name}: price source {key!r} is not in sources.yaml"
+    assert price.low_usd <= price.usd <= price.high_usd
+    assert datetime.date.fromisoformat(price.date) <= datetime.date(2026, 12, 31)
 
 
 def test_aliases_are_unique():

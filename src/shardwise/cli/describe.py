@@ -232,7 +232,8 @@ def check(
         return confidence(setup.engine, setup.layout.family(), regime_of(p.concurrency), cluster_spec.gpu.name)
 
     def economics_of(p: Prediction) -> Economics:
-        return economics(p, cluster_spec, setup.gpus_used)
+        assert setup.layout is not None
+        return economics(p, cluster_spec, setup.layout)
 
     if json:
         payload = report_setups.check_payload(setup, checked.model, launch, memory, isl=isl, osl=osl)

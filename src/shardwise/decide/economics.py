@@ -3,13 +3,15 @@ output tokens per second per kilowatt.
 
 Cost: the GPUs a setup holds, at the GPU's published hourly price (`price_per_hour` in its data file: InferenceX's
 neocloud TCO where it publishes one, else a rental list price; the source and date are in the file) or the user's
-own rate, plus, where the user gives an electricity price, the energy the estimate below draws (a rental price
-includes its power; an owned box's amortised rate does not).
+own rate, plus, where the user gives an electricity price with that rate, the energy the estimate below draws (a
+published price includes power; an owned box's amortised rate does not).
 
 Power, an estimate: each GPU draws its TDP for the share of a decode step it runs kernels (compute, memory traffic,
-collectives, launches and the prefills mixed in) and nothing while it waits on the host or on another pipeline
-stage; idle draw is not counted and memory-bound kernels draw less than TDP, so the GPU figure leans high while busy
-and low while waiting. Each GPU adds its share of its host's draw (`data/hardware/power.yaml`, an upper bound).
+collectives, launches, drafting and the prefills mixed in) and nothing while it waits on the host or on another
+pipeline stage (a token's parts add one trip through every stage: with fewer micro-batches in flight than stages,
+each stage works on its own only that share of the trip); idle draw is not counted and memory-bound kernels draw
+less than TDP, so the GPU figure leans high while busy and low while waiting. Each GPU adds its share of its host's
+draw (`data/hardware/power.yaml`, an upper bound).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shardwise.engines.layout import Layout
 from shardwise.errors import SpecError
 from shardwise.hardware.load import power_facts
 from shardwise.serve.steady import Prediction
 from shardwise.spec.cluster import ClusterSpec
 
-# the parts of a token's time in which the GPU runs kernels (the rest: it waits on the host or another stage)
-BUSY_PARTS = ("compute", "memory", "comm", "launch", "prefill")
+# the parts of a token's time in which the GPUs run kernels (the rest: they wait on the host or another stage)
+BUSY_PARTS = ("compute", "memory", "comm", "launch", "prefill", "draft")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +41,11 @@ class Pricing:
         for name, value in (("--gpu-hour-usd", self.gpu_hour_usd), ("--kwh-usd", self.kwh_usd)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise SpecError(f"{name} takes a price of zero or more in USD; got {value}")
+        if self.kwh_usd is not None and self.gpu_hour_usd is None:
+            raise SpecError(
+                "--kwh-usd adds energy to your own hourly rate: give --gpu-hour-usd too (a published GPU-hour price "
+                "already includes power)"
+            )
 
     def hourly_usd(self, cluster: ClusterSpec) -> float | None:
         """The rate of one GPU-hour: the user's, else the GPU's published one, else None (no price known)."""
@@ -76,11 +84,15 @@ class Economics:
         return self.gpu_power_w + self.host_power_w
 
 
-def economics(p: Prediction, cluster: ClusterSpec, gpus: int, pricing: Pricing = Pricing()) -> Economics:
-    """Cost and power of `p`, a prediction of a setup on `gpus` of `cluster`'s GPUs."""
+def economics(p: Prediction, cluster: ClusterSpec, layout: Layout, pricing: Pricing = Pricing()) -> Economics:
+    """Cost and power of `p`, a prediction of `layout` on `cluster`'s GPUs."""
+    gpus = layout.gpus_used
     total = sum(p.breakdown_s.values())
     busy = sum(p.breakdown_s.get(part, 0.0) for part in BUSY_PARTS)
-    utilisation = busy / total if total > 0 else 1.0
+    # each stage runs one of the trip's pp legs per micro-batch: busy for its own share of it, times the micro-batches
+    # in flight (one per running request of a copy, at most one per stage)
+    in_flight = min(layout.pp, max(1, p.running // layout.replicas))
+    utilisation = min(1.0, busy / total * in_flight / layout.pp) if total > 0 else 1.0
     gpu_w = gpus * utilisation * cluster.gpu.tdp.si("W")
     host_w = gpus * power_facts().host_per_gpu.si("W")
     power_kw = (gpu_w + host_w) / 1e3

@@ -18,7 +18,6 @@ ranking says so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -228,20 +227,7 @@ def _score(
     if objective is Objective.MIN_LATENCY:
         first = min(c.predictions, key=lambda p: p.concurrency)
         return Score(candidate=c, value=first.per_user_tok_s, at=first)
-    if objective in (Objective.MIN_COST, Objective.MAX_TOKENS_PER_WATT):
-        assert c.priced_by is not None, "a setup is priced in dollars and watts on its search's cluster"
-        cluster = c.priced_by.cluster
-
-        def value(p: Prediction) -> float:
-            e = economics(p, cluster, c.gpus, pricing)
-            if objective is Objective.MAX_TOKENS_PER_WATT:
-                return e.output_tok_s_per_kw
-            if e.cost_per_hour_usd is None:
-                raise SpecError(f"min-cost needs a price: {pricing.basis(cluster)}")
-            return p.output_tok_s * 3600 / e.cost_per_hour_usd if e.cost_per_hour_usd > 0 else math.inf
-
-        best = max(c.predictions, key=value)
-        return Score(candidate=c, value=value(best), at=best)
+    # the loads that meet the limits given (every load where none is given)
     usable = [
         p
         for p in c.predictions
@@ -250,6 +236,24 @@ def _score(
     ]
     if not usable:
         return None
+    if objective in (Objective.MIN_COST, Objective.MAX_TOKENS_PER_WATT):
+        assert c.priced_by is not None, "a setup is priced in dollars and watts on its search's cluster"
+        cluster = c.priced_by.cluster
+
+        def value(p: Prediction) -> float:
+            e = economics(p, cluster, c.layout, pricing)
+            if objective is Objective.MAX_TOKENS_PER_WATT:
+                return e.output_tok_s_per_kw
+            if e.cost_per_hour_usd is None:
+                raise SpecError(f"min-cost needs a price: {pricing.basis(cluster)}")
+            if e.cost_per_hour_usd <= 0:
+                raise SpecError(
+                    "min-cost at $0 per GPU-hour with no --kwh-usd prices every setup at nothing: give a rate"
+                )
+            return p.output_tok_s * 3600 / e.cost_per_hour_usd
+
+        best = max(usable, key=value)
+        return Score(candidate=c, value=value(best), at=best)
     best = max(usable, key=lambda p: p.output_tok_s)
     return Score(candidate=c, value=best.output_tok_s, at=best)
 

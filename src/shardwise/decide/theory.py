@@ -9,7 +9,7 @@ import gc
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from shardwise.decide.benchmark import BenchmarkRanking, simulate_best
 from shardwise.decide.ceiling import Ceiling, ceiling
@@ -62,7 +62,7 @@ class Theory:
         """Cost and power of a ranked setup at the load its score comes from."""
         c = score.candidate
         cluster = c.priced_by.cluster if c.priced_by is not None else self.result.case.cluster
-        return economics(score.at, cluster, c.gpus, self.pricing)
+        return economics(score.at, cluster, c.layout, self.pricing)
 
     @property
     def best(self) -> Candidate | None:
@@ -159,7 +159,9 @@ def theorise(
                 )
                 for part in rented_parts(cluster)
             ]
-            result = replace(result, candidates=result.candidates + tuple(c for r in parts for c in r.candidates))
+            ranked = result.candidates + tuple(c for r in parts for c in r.candidates)
+        else:
+            ranked = result.candidates
         gpu = cluster.gpu.name
 
         def confidence_of(s: Score) -> Confidence:
@@ -167,7 +169,7 @@ def theorise(
             return confidence(c.engine, c.layout.family(), regime_of(s.at.concurrency), gpu)
 
         ranking = rank(
-            result.candidates,
+            ranked,  # under min-cost, the parts' setups too; the rest of the report reads the whole cluster's
             objective,
             tpot_s=tpot_s,
             ttft_s=ttft_s,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardwise.cost.memory import memory_ledger
-from shardwise.decide.rank import Objective, Ranking
+from shardwise.decide.rank import Objective, Ranking, Score
 from shardwise.decide.search import Candidate, SearchResult
 from shardwise.engines.base import Engine, Setup, get_engine
 from shardwise.serve.steady import Prediction, Predictor
@@ -33,6 +33,12 @@ class WhatIf:
     note: str
 
 
+def _twice(result: SearchResult, win: Score) -> str:
+    """The --gpus of twice the winner's GPUs on this cluster's kind of node."""
+    per, gpu, target = result.case.cluster.gpus_per_node, result.case.cluster.gpu.name, 2 * win.candidate.gpus
+    return f"{target}x{gpu}" if target <= per else f"{-(-target // per)}x{per}x{gpu}"
+
+
 def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | None = None) -> list[WhatIf]:
     win = ranking.best
     if win is None:
@@ -44,12 +50,12 @@ def what_ifs(result: SearchResult, ranking: Ranking, *, accept_length: float | N
     out.append(_nvlink(result, ranking, base))
     out.append(
         WhatIf(
-            label=f"twice the GPUs ({2 * result.case.cluster.num_gpus})",
+            label=f"twice the GPUs ({2 * win.candidate.gpus})",
             setup=f"2× {win.candidate.name}",
             output_tok_s=2 * base,
             gain=2.0,
             note="two copies behind a router; a wider layout may do better: search it with --gpus "
-            f"2x{result.case.cluster.gpus_per_node}x{result.case.cluster.gpu.name}",
+            + _twice(result, win),
         )
     )
     if result.case.model.moe is not None:

@@ -43,9 +43,9 @@ TENSOR_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 class HourlyPrice(Frozen):
     """What one GPU-hour costs: the rate shardwise prices at, and the range published beside it, with its date."""
 
-    usd: float = Field(gt=0, description="USD per GPU-hour that costs are priced at")
-    low_usd: float = Field(gt=0)
-    high_usd: float = Field(gt=0)
+    usd: float = Field(gt=0, allow_inf_nan=False, description="USD per GPU-hour that costs are priced at")
+    low_usd: float = Field(gt=0, allow_inf_nan=False)
+    high_usd: float = Field(gt=0, allow_inf_nan=False)
     source: str = Field(min_length=2, description="a key of data/hardware/sources.yaml, then any detail")
     date: str = Field(description="when the prices were published (YYYY-MM-DD)")
     note: str | None = None

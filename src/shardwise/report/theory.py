@@ -46,6 +46,15 @@ def score_text(t: Theory, value: float, *, unit: bool = True) -> str:
     return f"{value:,.0f}" + (" tok/s" if unit else "")
 
 
+def relative(t: Theory, other: float, mine: float, digits: int = 0) -> str:
+    """How one score compares with another, as the objective reads: cheaper or dearer under min-cost (scores there
+    are tokens per dollar), else a signed share."""
+    if t.ranking.objective is Objective.MIN_COST:
+        share = mine / other - 1  # the other's cost per token relative to mine
+        return f"{abs(share):.{digits}%} {'cheaper' if share < 0 else 'dearer'}"
+    return f"{other / mine - 1:+.{digits}%}"
+
+
 def economics_line(t: Theory, score: Score) -> str:
     """What the setup costs and draws at its load."""
     e = t.economics_of(score)
@@ -79,7 +88,7 @@ def _fastest_line(t: Theory) -> list[str]:
         ]
     peak = fastest.candidate.peak
     cluster = fastest.candidate.priced_by.cluster if fastest.candidate.priced_by else t.result.case.cluster
-    theirs, ours = economics(peak, cluster, fastest.candidate.gpus, t.pricing), t.economics_of(win)
+    theirs, ours = economics(peak, cluster, fastest.candidate.layout, t.pricing), t.economics_of(win)
     more = f"{peak.output_tok_s / win.at.output_tok_s - 1:+.0%}"
     fast = (
         f"The fastest setup, {fastest.candidate.name}, makes {more} the tokens ({peak.output_tok_s:,.0f} tok/s on "
@@ -94,6 +103,8 @@ def _fastest_line(t: Theory) -> list[str]:
         if other >= mine:
             return [f"{money}: more tokens, dearer ones."]
         if tied(1 / other, 1 / mine, t.ranking.band):
+            if fastest.candidate.gpus <= win.candidate.gpus:
+                return [f"{money}: within the model's {t.ranking.band:.0%} error, a tie (the lines below say why)."]
             copies = "×" in fastest.candidate.name.split(",")[0]
             return [
                 f"{money}: within the model's {t.ranking.band:.0%} error, no cheaper per token than renting "
@@ -178,7 +189,12 @@ def narrative(t: Theory) -> list[str]:
         lines.append(
             f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s ({ce.batch:,} requests at once, every byte "
             f"of memory for weights once and KV, {ce.bound}-bound, no communication or overheads); the winner "
-            f"reaches {p.output_tok_s / ce.output_tok_s:.1%} of it."
+            + (
+                f"reaches {p.output_tok_s / ce.output_tok_s:.1%} of it."
+                if c.gpus == r.case.cluster.num_gpus
+                else f"reaches {p.output_tok_s / c.gpus / (ce.output_tok_s / r.case.cluster.num_gpus):.1%} of it per "
+                f"GPU on its {c.gpus}."
+            )
             if t.ranking.objective is not Objective.MIN_LATENCY
             else f"Speed of light on these GPUs: {ce.output_tok_s:,.0f} tok/s at full batch."
         )
@@ -215,7 +231,8 @@ def _confidence_lines(t: Theory) -> list[str]:
         )
         lines.append(
             f"Recommended over {over.candidate.name} ({score_text(t, over.value)} predicted, "
-            f"{over.value / win.value - 1:+.0%}): {why} ({theirs.family}, uncertainty ±{theirs.uncertainty:.0%}), and "
+            f"{relative(t, over.value, win.value)}): {why} ({theirs.family}, uncertainty "
+            f"±{theirs.uncertainty:.0%}), and "
             f"its predicted gain is within that; {mine.family} was measured here. Measure it before relying on it."
         )
     alt = t.ranking.measured_alternative
@@ -269,7 +286,7 @@ def _defaults_lines(t: Theory) -> list[str]:
     if over is not None:
         lines.append(
             f"Recommended over {over.candidate.name} ({score_text(t, over.value, unit=False)}, "
-            f"{over.value / win.value - 1:+.1%}): within "
+            f"{relative(t, over.value, win.value, 1)}): within "
             f"the model's {t.ranking.band:.0%} error, the setup closer to the engine's defaults wins the tie."
         )
 
@@ -355,8 +372,9 @@ def family_lines(t: Theory) -> list[str]:
     for f in t.explanation.families:
         why = "; ".join(r.text for r in f.reasons) or "a tie within the model's accuracy"
         out.append(
-            f"{f.family}: best is {f.best.name}, {score_text(t, f.value, unit=False)} ({f.ratio:.0%} of the winner): "
-            f"{why}"
+            f"{f.family}: best is {f.best.name}, {score_text(t, f.value, unit=False)} ({f.ratio:.0%} of the winner"
+            + (f"'s {VALUE_OF[t.ranking.objective]}" if t.ranking.objective in VALUE_OF else "")
+            + f"): {why}"
         )
     return out
 
@@ -612,7 +630,7 @@ def _candidate_payload(c: Candidate, isl: int, osl: int, gpu: str, pricing: Pric
 
     def economics_of(p: Prediction) -> Economics:
         assert cluster is not None, "a ranked setup is priced on its search's cluster"
-        return economics(p, cluster, c.gpus, pricing)
+        return economics(p, cluster, c.layout, pricing)
 
     def confidence_of(p: Prediction) -> Confidence:
         return confidence(c.engine, family, regime_of(p.concurrency), gpu)

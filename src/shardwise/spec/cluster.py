@@ -112,8 +112,8 @@ class ClusterFile(Frozen):
     intra_node: dict[str, Any] = Field(default_factory=dict)
     inter_node: dict[str, Any] | None = None
     # this box's own figures instead of the catalog's: what one GPU-hour costs (USD) and each GPU's power limit (W)
-    gpu_hour_usd: float | None = Field(None, ge=0)
-    gpu_power_w: float | None = Field(None, gt=0)
+    gpu_hour_usd: float | None = Field(None, gt=0, allow_inf_nan=False)
+    gpu_power_w: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 def _matching_tables(gpu: GpuProfile, intra: IntraNode) -> CollectiveTables | None:
