@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,7 @@ from shardwise.cli.app import (
 )
 from shardwise.cost.memory import memory_ledger
 from shardwise.decide.theory import theorise as run_theorise
-from shardwise.deploy.forms import FORMS
+from shardwise.deploy.forms import FORMS, sweep_job
 from shardwise.deploy.service import (
     Service,
     flag_value,
@@ -34,6 +35,7 @@ from shardwise.engines.base import Setup, get_engine
 from shardwise.engines.check import check_command
 from shardwise.engines.flags import HEAD_IP, split_command
 from shardwise.errors import SpecError
+from shardwise.measure.sweep import SweepPlan
 from shardwise.report import files as report_files
 from shardwise.report import setups as report_setups
 from shardwise.serve.steady import predict
@@ -210,3 +212,48 @@ def _from_theorise(
         launches=candidate.launches,
         gpus_used=candidate.gpus,
     )
+
+
+def sweep_job_of(plan: SweepPlan, *, bench_image: str, cache_claim: str) -> Callable[[int, str, str], dict]:
+    """How `sweep --scheduler kubernetes` writes each setup's Job: the engine's image for its release, its command
+    as a container runs it (the plan's --launcher in place of the engine's own, its --port made explicit for the
+    benchmark beside it), the benchmark in `bench_image`, the model cache from the claim `cache_claim`."""
+    from shardwise.measure.kubernetes import BENCH_ALLOWANCE_S, bench_argv
+
+    def job_of(index: int, command: str, name: str) -> dict:
+        checked = check_command(command, cluster=plan.cluster)
+        setup = checked.setup
+        if setup.flags.get("nnodes", 1) > 1:
+            raise SpecError(
+                f"a sweep runs one-node setups; {command!r} spans {setup.flags['nnodes']} nodes "
+                "(`shardwise deploy --form kubernetes` writes it as a LeaderWorkerSet)"
+            )
+        title = f"{setup.engine} {setup.layout.describe()}" if setup.layout is not None else setup.engine
+        service = _service(
+            title=title,
+            prediction=f"setup {index + 1} of a shardwise sweep in {plan.folder}",
+            engine=setup.engine,
+            version=setup.version,
+            model=checked.model,
+            cluster=plan.cluster,
+            launches=[shlex.split(command)],
+            gpus_used=setup.gpus_used,
+        )
+        argv = service.argv(0)
+        if plan.launcher:
+            argv = [*shlex.split(plan.launcher), *split_command(argv).argv]
+        if flag_value(argv, "--port") is None:
+            argv += ["--port", str(service.port)]
+        return sweep_job(
+            service,
+            name=name,
+            engine_argv=argv,
+            bench_image=bench_image,
+            bench_argv=bench_argv(plan, service.port),
+            cache_claim=cache_claim,
+            startup_s=plan.health_timeout_s,
+            deadline_s=plan.health_timeout_s + BENCH_ALLOWANCE_S,
+            labels={"app.kubernetes.io/managed-by": "shardwise", "app.kubernetes.io/component": "sweep"},
+        )
+
+    return job_of

@@ -301,7 +301,11 @@ def sweep(
     health_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for an engine's /health.")] = 1800.0,
     force: Annotated[bool, typer.Option("--force", help="Also start setups check says cannot start.")] = False,
     scheduler: Annotated[
-        str, typer.Option(help="local (one after another on this machine) or slurm (one batch job per setup).")
+        str,
+        typer.Option(
+            help="local (one after another on this machine), slurm (one batch job per setup) or kubernetes (one Job "
+            "per setup)."
+        ),
     ] = "local",
     slurm_option: Annotated[
         list[str] | None,
@@ -309,17 +313,34 @@ def sweep(
             "--slurm-option", help="An sbatch option for every job, e.g. --slurm-option=--gpus-per-node=8; repeatable."
         ),
     ] = None,
-    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between looks at the Slurm queue.")] = 5.0,
+    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between looks at the scheduler's queue.")] = 5.0,
+    bench_image: Annotated[
+        str | None,
+        typer.Option(help="Kubernetes: an image with shardwise installed; it runs the benchmark beside each engine."),
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="Kubernetes: the namespace of the sweep's Jobs.")] = "default",
+    kube_context: Annotated[
+        str | None, typer.Option(help="Kubernetes: the kubeconfig context (default: the current one).")
+    ] = None,
+    cache_claim: Annotated[
+        str, typer.Option(help="Kubernetes: the PersistentVolumeClaim that holds the model's download.")
+    ] = "shardwise-model-cache",
     json: JsonFlag = False,
 ) -> None:
     """Start each setup, benchmark it, stop it, record it; diagnose the ones that fail; then calibrate on what
     was measured and print the re-ranked setups. Run again to continue: finished setups are not re-run. With
-    --scheduler slurm each setup is a batch job (sbatch), followed until it ends; Ctrl-C cancels the jobs."""
+    --scheduler slurm each setup is a batch job (sbatch), with --scheduler kubernetes a Job; each is followed until
+    it ends, and Ctrl-C cancels them."""
     from shardwise.measure.sweep import SweepPlan, recalibrate, reranked
     from shardwise.measure.sweep import sweep as run_sweep
 
-    if scheduler not in ("local", "slurm"):
-        raise SpecError(f"unknown scheduler {scheduler!r}; use local or slurm")
+    if scheduler not in ("local", "slurm", "kubernetes"):
+        raise SpecError(f"unknown scheduler {scheduler!r}; use local, slurm or kubernetes")
+    if scheduler == "kubernetes" and not bench_image:
+        raise SpecError(
+            "--scheduler kubernetes needs --bench-image: an image with shardwise installed, which benchmarks each "
+            "engine from inside its pod"
+        )
     from shardwise.report import bench as report_bench
 
     cluster_spec = load_cluster(gpus)
@@ -366,6 +387,22 @@ def sweep(
             )
         except KeyboardInterrupt:
             typer.echo("interrupted: the sweep's Slurm jobs are cancelled; run it again to continue", err=True)
+            raise typer.Exit(130) from None
+    elif scheduler == "kubernetes":
+        from shardwise.cli.deploy import sweep_job_of
+        from shardwise.measure.kubernetes import connect, sweep_kubernetes
+
+        assert bench_image is not None
+        try:
+            records = sweep_kubernetes(
+                sweep_plan,
+                connect(kube_context, namespace),
+                sweep_job_of(sweep_plan, bench_image=bench_image, cache_claim=cache_claim),
+                poll_s=poll,
+                progress=lambda c: typer.echo(f"created a Job: {c}", err=True),
+            )
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the sweep's Jobs are deleted; run it again to continue", err=True)
             raise typer.Exit(130) from None
     else:
         records = run_sweep(sweep_plan, progress=lambda c: typer.echo(f"sweeping: {c}", err=True))

@@ -5,6 +5,7 @@ node 0's address and each node's rank come from."""
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Callable
 
@@ -212,6 +213,49 @@ def kubernetes(service: Service) -> dict[str, str]:
     return {f"{service.name}.yaml": _yaml([claim, engine, front], service, notes)}
 
 
+def sweep_job(
+    service: Service,
+    *,
+    name: str,
+    engine_argv: list[str],
+    bench_image: str,
+    bench_argv: list[str],
+    cache_claim: str,
+    startup_s: float,
+    deadline_s: float,
+    labels: dict[str, str],
+) -> dict:
+    """One setup of a sweep as a Kubernetes Job: the engine a sidecar (an init container that restarts, Kubernetes
+    1.29 and later), the benchmark the Job's one container, started once the engine's startup probe passes and
+    reaching it on the pod's loopback; when the benchmark ends the kubelet stops the engine and the Job is done.
+    Nothing is retried: a failed start or benchmark is a finding, recorded, not a pod to run again; a Job still
+    there after `deadline_s` (its sweep gone) is stopped by Kubernetes and gives its GPUs back."""
+    engine = {**_container(service, engine_argv), "restartPolicy": "Always"}
+    period_s = 10
+    engine["startupProbe"] = {
+        "httpGet": {"path": service.health_path, "port": "http"},
+        "timeoutSeconds": 10,
+        "periodSeconds": period_s,
+        "failureThreshold": max(1, math.ceil(startup_s / period_s)),
+    }
+    bench = {"name": "bench", "image": bench_image, "command": bench_argv}
+    pod = _pod(service, engine)
+    pod["volumes"][1]["persistentVolumeClaim"]["claimName"] = cache_claim
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": math.ceil(deadline_s),
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {**pod, "restartPolicy": "Never", "initContainers": [engine], "containers": [bench]},
+            },
+        },
+    }
+
+
 def slurm(service: Service) -> dict[str, str]:
     """An sbatch script: one engine process per node through srun (node 0's address read from the job's node list
     at run time, each node's command chosen by its SLURM_NODEID), then a wait on node 0's health before it says
@@ -231,7 +275,8 @@ def slurm(service: Service) -> dict[str, str]:
         "#SBATCH --output=%x-%j.log",
         "set -euo pipefail",
         "",
-        'HEAD_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # sed reads the whole list: head would close the pipe early and, under pipefail, kill the script (SIGPIPE)
+        'HEAD_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         "HEAD_PORT=${HEAD_PORT:-50000}",
         "export HEAD_IP HEAD_PORT",
         'export HF_TOKEN="${HF_TOKEN:-}"',

@@ -14,18 +14,16 @@ import dataclasses
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from shardwise import jsontext
 from shardwise.errors import SpecError
-from shardwise.measure.sweep import SweepPlan, diagnose, load_records, run_one
+from shardwise.measure.sweep import SweepPlan, diagnose, load_records, run_one, terminate_as_interrupt
 from shardwise.spec.cluster import load_cluster
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
@@ -108,20 +106,6 @@ def cancel(jobs: list[str]) -> None:
         time.sleep(0.5)
 
 
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the sweep as Ctrl-C does (its jobs cancelled)."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def sweep_slurm(
     plan: SweepPlan,
     *,
@@ -142,7 +126,7 @@ def sweep_slurm(
     jobs: dict[str, str] = json.loads(jobs_file.read_text()) if jobs_file.exists() else {}
     _write_plan(plan)
     active: dict[int, str] = {}
-    with _terminate_as_interrupt():
+    with terminate_as_interrupt():
         try:
             for index, command in enumerate(plan.commands):
                 if command in done:
@@ -173,13 +157,13 @@ def sweep_slurm(
 
 
 def _collected(plan: SweepPlan, index: int, job: str) -> dict[str, Any] | None:
-    """The job's record once it has ended: the one it wrote, or a failure read from its log; None while it runs."""
-    path = _record_path(plan.folder, index)
-    if path.exists():
-        return json.loads(path.read_text(encoding="utf-8"))
+    """The job's record once Slurm no longer lists it (its worker writes the record just before it exits: a sweep
+    that returned earlier would leave the job completing): the record it wrote, or a failure read from its log;
+    None while it runs."""
     if _state(job) is not None:
         return None
-    if path.exists():  # written between the two looks
+    path = _record_path(plan.folder, index)
+    if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))
     log = _job_log(plan.folder, index)
     text = log.read_text(errors="replace") if log.exists() else ""

@@ -20,7 +20,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from shardwise import jsontext
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.engines.flags import split_command
-from shardwise.errors import SpecError
+from shardwise.errors import BenchError, SpecError
 from shardwise.hardware.calibration import Calibration
 from shardwise.measure.bench import Target, run_level
 from shardwise.measure.calibrate import calibrate
@@ -103,7 +104,7 @@ def load_records(path: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _predicted(plan: SweepPlan, command: str) -> tuple[str | None, float | None, str | None]:
+def prediction(plan: SweepPlan, command: str) -> tuple[str | None, float | None, str | None]:
     """(layout, predicted output tok/s at the highest level, why it would not start) as shardwise sees it."""
     checked = check_command(command, cluster=plan.cluster)
     layout = checked.setup.layout
@@ -146,10 +147,53 @@ def stop(process: subprocess.Popen) -> None:
         pass
 
 
+def measure_levels(
+    url: str, *, concurrency: tuple[int, ...], isl: int, osl: int, num_prompts: int, alive: Callable[[], bool]
+) -> tuple[list[dict[str, Any]], bool]:
+    """Each benchmark level against the engine at `url`, one after another; (the levels measured,
+    whether the engine was still up after the last one: `alive` is asked after each level, and a level run
+    against a dead engine, or that could not run because the engine had gone, is not kept)."""
+    levels = []
+    for c in concurrency:
+        try:
+            level = asyncio.run(run_level(Target(url=url), isl=isl, osl=osl, num_prompts=num_prompts, concurrency=c))
+        except BenchError:
+            if alive():  # the engine is up and still did not serve: not a crash, say what the client saw
+                raise
+            return levels, False
+        if not alive():
+            return levels, False
+        levels.append(
+            {
+                "max_concurrency": c,
+                "completed": level.completed,
+                "failed": level.failed,
+                "output_throughput": round(level.output_throughput, 2),
+                "mean_tpot_ms": round(level.tpot_s.mean * 1e3, 3),
+                "mean_ttft_ms": round(level.ttft_s.mean * 1e3, 3),
+            }
+        )
+    return levels, True
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a sweep through a scheduler as Ctrl-C does (its jobs cancelled)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_one(plan: SweepPlan, command: str, index: int, log_path: Path | None = None) -> dict[str, Any]:
     """Check, start, benchmark and stop one setup; its engine's output goes to `log_path` (appended; default a log of
     its own in the sweep's folder)."""
-    layout, predicted, refusal = _predicted(plan, command)
+    layout, predicted, refusal = prediction(plan, command)
     record: dict[str, Any] = {"command": command, "layout": layout, "predicted_output_tok_s": predicted}
     if refusal and not plan.force:
         return {**record, "status": "skipped", "reason": refusal}
@@ -175,30 +219,23 @@ def run_one(plan: SweepPlan, command: str, index: int, log_path: Path | None = N
                 }
             reason, detail = diagnose(log_path.read_text(errors="replace"), code)
             return {**record, "status": "failed", "reason": reason, "detail": detail, "log": str(log_path)}
-        levels = []
-        for c in plan.concurrency:
-            level = asyncio.run(
-                run_level(Target(url=url), isl=plan.isl, osl=plan.osl, num_prompts=plan.num_prompts, concurrency=c)
-            )
-            if process.poll() is not None:
-                reason, detail = diagnose(log_path.read_text(errors="replace"), process.returncode)
-                return {
-                    **record,
-                    "status": "failed",
-                    "reason": "crashed_during_bench",
-                    "detail": detail,
-                    "log": str(log_path),
-                }
-            levels.append(
-                {
-                    "max_concurrency": c,
-                    "completed": level.completed,
-                    "failed": level.failed,
-                    "output_throughput": round(level.output_throughput, 2),
-                    "mean_tpot_ms": round(level.tpot_s.mean * 1e3, 3),
-                    "mean_ttft_ms": round(level.ttft_s.mean * 1e3, 3),
-                }
-            )
+        levels, alive = measure_levels(
+            url,
+            concurrency=plan.concurrency,
+            isl=plan.isl,
+            osl=plan.osl,
+            num_prompts=plan.num_prompts,
+            alive=lambda: process.poll() is None,
+        )
+        if not alive:
+            reason, detail = diagnose(log_path.read_text(errors="replace"), process.returncode)
+            return {
+                **record,
+                "status": "failed",
+                "reason": "crashed_during_bench",
+                "detail": detail,
+                "log": str(log_path),
+            }
         best = max(lv["output_throughput"] for lv in levels)
         return {**record, "status": "measured", "levels": levels, "measured_output_tok_s": best, "log": str(log_path)}
     finally:
@@ -271,7 +308,7 @@ def reranked(records: list[dict[str, Any]], plan: SweepPlan, calibration: Calibr
     for rec in records:
         calibrated = None
         if calibration is not None and rec.get("predicted_output_tok_s") is not None:
-            calibrated = _predicted(SweepPlan(**{**plan.__dict__, "cluster": cluster}), rec["command"])[1]
+            calibrated = prediction(SweepPlan(**{**plan.__dict__, "cluster": cluster}), rec["command"])[1]
         out.append(
             {
                 **{k: rec.get(k) for k in ("command", "layout", "status", "reason", "detail")},
