@@ -31,10 +31,21 @@ def _argv(command: list[str]) -> list[str]:
     return [sys.executable, *command[1:]] if command[0] == "python3" else list(command)
 
 
-def _stop(process: subprocess.Popen | None) -> None:
+def _stop(process: subprocess.Popen | None, grace_s: float = 2.0) -> None:
+    """As the kubelet stops a container: SIGTERM, then SIGKILL after the grace period."""
     if process is not None and process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _exit_code(process: subprocess.Popen) -> int:
+    """The status a container runtime reports: 128 + the signal that ended it."""
+    code = process.returncode
+    return 128 - code if code < 0 else code
 
 
 class Pod(threading.Thread):
@@ -69,40 +80,55 @@ class Pod(threading.Thread):
         except httpx.HTTPError:
             return False
 
+    def _engine_ended(self, started: str) -> None:
+        """The sidecar ended: its status as the kubelet shows it before it restarts it."""
+        self.engine_status["lastState"] = {
+            "terminated": {"exitCode": _exit_code(self.engine), "startedAt": started, "finishedAt": _now()}
+        }
+        self.engine_status["restartCount"] += 1
+        self.previous_run = self.runs
+        self.engine_status["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+        self.stopping.wait(0.5)  # the kubelet's back-off
+
+    def _start_engine(self) -> str:
+        self.runs += 1
+        started = _now()
+        self.engine = self._start(self.engine_spec, "engine", self.runs)
+        self.engine_status["state"] = {"running": {"startedAt": started}}
+        return started
+
     def run(self) -> None:
         while not self.cluster.admit(self):
             if self.stopping.wait(0.1):
                 return
-        self.phase = "Running"
         probe = self.engine_spec["startupProbe"]
+        # the probe's looks are not aligned with the start: the last failed look comes within its final period
+        give_up_s = probe["periodSeconds"] * (probe["failureThreshold"] - 0.5)
         while not self.stopping.is_set():  # the sidecar, restarted each time it ends before it is healthy
-            self.runs += 1
-            started = _now()
-            self.engine = self._start(self.engine_spec, "engine", self.runs)
-            self.engine_status["state"] = {"running": {"startedAt": started}}
-            deadline = time.monotonic() + probe["periodSeconds"] * probe["failureThreshold"]
+            started = self._start_engine()
+            deadline = time.monotonic() + give_up_s
             while not self.stopping.is_set() and self.engine.poll() is None and time.monotonic() < deadline:
                 if self._healthy():
                     break
                 time.sleep(0.1)
             else:
                 _stop(self.engine)  # the startup probe gave up, or the engine ended
-                self.engine_status["lastState"] = {
-                    "terminated": {"exitCode": self.engine.returncode, "startedAt": started, "finishedAt": _now()}
-                }
-                self.engine_status["restartCount"] += 1
-                self.previous_run = self.runs
-                self.engine_status["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
-                self.stopping.wait(0.5)  # the kubelet's back-off
+                self._engine_ended(started)
                 continue
             break
         if self.stopping.is_set():
             return
         self.bench = self._start(self.bench_spec, "bench", 1)
         self.bench_status["state"] = {"running": {"startedAt": _now()}}
-        code = self.bench.wait()
+        while self.bench.poll() is None:  # the sidecar is restarted whenever it ends, benchmark or not
+            if self.engine.poll() is not None and not self.stopping.is_set():
+                self._engine_ended(started)
+                started = self._start_engine()
+            time.sleep(0.1)
+        code = _exit_code(self.bench)
         self.bench_status["state"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
-        _stop(self.engine)
+        _stop(self.engine)  # the benchmark has ended: the kubelet stops the sidecar
+        self.engine_status["state"] = {"terminated": {"exitCode": _exit_code(self.engine), "finishedAt": _now()}}
         self.phase = "Succeeded" if code == 0 else "Failed"
         self.cluster.finished(self, succeeded=code == 0)
 
@@ -171,14 +197,25 @@ class FakeKube:
         return self.jobs[name]
 
     def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str | None = None) -> dict:
+        """Foreground deletion as the API server does it: the Job is marked, its pod stopped, then the Job goes."""
         if name not in self.jobs:
             raise ApiException(status=404, reason="NotFound")
         assert propagation_policy == "Foreground"  # else the pods would outlive the Job
-        pod = self.pods.pop(name)
+        job = self.jobs[name]
+        if not job["metadata"].get("deletionTimestamp"):
+            job["metadata"] = {**job["metadata"], "deletionTimestamp": _now()}
+            threading.Thread(target=self._finish_deletion, args=(name,), daemon=True).start()
+        return {}
+
+    def _finish_deletion(self, name: str) -> None:
+        pod = self.pods[name]
         pod.halt()
         pod.join(timeout=30)
-        del self.jobs[name]
-        return {}
+        pod.halt()  # a container it started while being halted
+        time.sleep(0.3)  # the garbage collector's round trip
+        with self.lock:
+            self.pods.pop(name, None)
+            self.jobs.pop(name, None)
 
     # CoreV1Api
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> dict:
@@ -189,7 +226,9 @@ class FakeKube:
         return {"items": [pod.json()] if pod is not None and pod.phase != "Pending" else []}
 
     def read_namespaced_pod_log(self, name: str, namespace: str, container: str, previous: bool = False) -> str:
-        pod = next(p for p in self.pods.values() if p.name == name)
+        pod = next((p for p in self.pods.values() if p.name == name), None)
+        if pod is None:
+            raise ApiException(status=404, reason="NotFound")
         run = 1 if container == "bench" else pod.previous_run if previous else pod.runs
         path = pod.log_path(container, run)
         if run < 1 or not path.exists():

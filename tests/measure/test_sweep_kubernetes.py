@@ -5,6 +5,8 @@ processes from the manifest's commands (fake_kubernetes.py), the engine the stan
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,7 +86,8 @@ def test_each_setup_is_a_job_the_kubernetes_schema_accepts(tmp_path):
     assert bench["command"][:3] == ["python3", "-m", "shardwise.measure.kubernetes"]
     assert f"http://127.0.0.1:{port}" in bench["command"]
     assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}} in pod["volumes"]
-    assert job["spec"]["activeDeadlineSeconds"] > 60  # a Job its sweep forgot frees its GPUs
+    # a Job its sweep forgot frees its GPUs; on the pod, so the time it waits for a node does not count
+    assert pod["activeDeadlineSeconds"] > 60 and "activeDeadlineSeconds" not in job["spec"]
 
 
 def test_three_setups_one_failing_diagnosed_from_its_engine_log(tmp_path, fake):
@@ -103,11 +106,29 @@ def test_three_setups_one_failing_diagnosed_from_its_engine_log(tmp_path, fake):
 
 
 def test_an_engine_that_never_answers_is_a_startup_timeout(tmp_path, fake):
-    """The startup probe (one probe of 10 s for a 2 s timeout) gives up and the kubelet restarts the engine: the
-    sweep records the timeout rather than waiting on the restarts."""
+    """The startup probe (one look in a period of 10 s for a 2 s timeout) gives up, the kubelet stops the engine
+    (SIGTERM: exit status 143) and would restart it: the sweep records the timeout rather than waiting on the
+    restarts."""
     never = f"{sys.executable} -c 'import time; time.sleep(600)'"
     (record,) = run(plan(tmp_path / "sweep", three()[:1], launcher=never, health_timeout_s=2), fake)
     assert record["status"] == "failed" and record["reason"] == "startup_timeout"
+    assert fake.jobs == {} and fake.running() == []
+
+
+def test_an_engine_that_dies_during_the_benchmark_is_a_crash_not_a_measurement(tmp_path, fake):
+    """The kubelet restarts a sidecar that ends, and the stand-in engine is up again within a second: the levels
+    would go on against the new one. A measurement across a restart is recorded as the crash it is."""
+    killed: list[int] = []
+
+    def kill_engine_once_benchmarking(cluster: FakeKube) -> None:
+        for pod in list(cluster.pods.values()):
+            if pod.bench is not None and pod.bench.poll() is None and not killed:
+                killed.append(pod.engine.pid)
+                os.killpg(pod.engine.pid, signal.SIGKILL)
+
+    fake.on_list = kill_engine_once_benchmarking
+    (record,) = run(plan(tmp_path / "sweep", three()[:1]), fake)
+    assert killed and record["status"] == "failed" and record["reason"] == "crashed_during_bench"
     assert fake.jobs == {} and fake.running() == []
 
 
@@ -168,9 +189,39 @@ def test_without_a_cluster_or_a_bench_image_the_sweep_says_so_in_one_line(tmp_pa
     command = KIMI + "--tp-size 8"
     base = [sys.executable, "-m", "shardwise", "sweep", "--scheduler", "kubernetes", "--command", command]
     base += ["--dir", str(tmp_path / "sweep")]
-    env = {"KUBECONFIG": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    for extra, says in (([], "needs --bench-image"), (["--bench-image", BENCH_IMAGE], "no Kubernetes cluster")):
+    unreachable = tmp_path / "kubeconfig"  # a cluster whose API server is not listening
+    unreachable.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{_port()}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    cases = (
+        ([], tmp_path / "nowhere", "needs --bench-image"),
+        (["--bench-image", BENCH_IMAGE], tmp_path / "nowhere", "no Kubernetes cluster"),
+        (["--bench-image", BENCH_IMAGE], unreachable, "cannot reach the Kubernetes API"),
+    )
+    for extra, kubeconfig, says in cases:
+        env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
         done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode == 2, done.stderr
         (line,) = done.stderr.strip().splitlines()
         assert says in line and "Traceback" not in done.stderr
+
+
+def test_a_job_still_being_deleted_is_made_afresh_not_followed(tmp_path, fake):
+    """A rerun that finds its Job marked for deletion (an earlier sweep's Ctrl-C that gave up waiting) would follow
+    a pod being stopped into a false crash: it waits for the Job to go and makes it again."""
+    sweep_plan = plan(tmp_path / "sweep", three()[:1])
+
+    def kill(cluster: FakeKube) -> None:
+        if cluster.running():
+            raise Killed
+
+    fake.on_list = kill
+    with pytest.raises(Killed):
+        run(sweep_plan, fake)
+    (name,) = fake.jobs
+    fake.delete_namespaced_job(name, "default", propagation_policy="Foreground")
+    fake.on_list = None
+    (record,) = run(sweep_plan, fake)
+    assert record["status"] == "measured" and fake.created == [name, name]

@@ -218,7 +218,7 @@ def sweep_job_of(plan: SweepPlan, *, bench_image: str, cache_claim: str) -> Call
     """How `sweep --scheduler kubernetes` writes each setup's Job: the engine's image for its release, its command
     as a container runs it (the plan's --launcher in place of the engine's own, its --port made explicit for the
     benchmark beside it), the benchmark in `bench_image`, the model cache from the claim `cache_claim`."""
-    from shardwise.measure.kubernetes import BENCH_ALLOWANCE_S, bench_argv
+    from shardwise.measure.kubernetes import BENCH_ALLOWANCE_S, PROBE_PERIOD_S, bench_argv
 
     def job_of(index: int, command: str, name: str) -> dict:
         checked = check_command(command, cluster=plan.cluster)
@@ -252,6 +252,7 @@ def sweep_job_of(plan: SweepPlan, *, bench_image: str, cache_claim: str) -> Call
             bench_argv=bench_argv(plan, service.port),
             cache_claim=cache_claim,
             startup_s=plan.health_timeout_s,
+            probe_period_s=PROBE_PERIOD_S,
             deadline_s=plan.health_timeout_s + BENCH_ALLOWANCE_S,
             labels={"app.kubernetes.io/managed-by": "shardwise", "app.kubernetes.io/component": "sweep"},
         )

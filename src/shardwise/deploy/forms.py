@@ -222,6 +222,7 @@ def sweep_job(
     bench_argv: list[str],
     cache_claim: str,
     startup_s: float,
+    probe_period_s: int,
     deadline_s: float,
     labels: dict[str, str],
 ) -> dict:
@@ -229,28 +230,35 @@ def sweep_job(
     1.29 and later), the benchmark the Job's one container, started once the engine's startup probe passes and
     reaching it on the pod's loopback; when the benchmark ends the kubelet stops the engine and the Job is done.
     Nothing is retried: a failed start or benchmark is a finding, recorded, not a pod to run again; a Job still
-    there after `deadline_s` (its sweep gone) is stopped by Kubernetes and gives its GPUs back."""
+    running `deadline_s` after its node took it (its sweep gone) is stopped by Kubernetes and gives its GPUs back;
+    the time a pod waits for a node does not count."""
     engine = {**_container(service, engine_argv), "restartPolicy": "Always"}
-    period_s = 10
     engine["startupProbe"] = {
         "httpGet": {"path": service.health_path, "port": "http"},
         "timeoutSeconds": 10,
-        "periodSeconds": period_s,
-        "failureThreshold": max(1, math.ceil(startup_s / period_s)),
+        "periodSeconds": probe_period_s,
+        "failureThreshold": max(1, math.ceil(startup_s / probe_period_s)),
     }
     bench = {"name": "bench", "image": bench_image, "command": bench_argv}
     pod = _pod(service, engine)
-    pod["volumes"][1]["persistentVolumeClaim"]["claimName"] = cache_claim
+    for volume in pod["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            volume["persistentVolumeClaim"]["claimName"] = cache_claim
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "backoffLimit": 0,
-            "activeDeadlineSeconds": math.ceil(deadline_s),
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {**pod, "restartPolicy": "Never", "initContainers": [engine], "containers": [bench]},
+                "spec": {
+                    **pod,
+                    "restartPolicy": "Never",
+                    "activeDeadlineSeconds": math.ceil(deadline_s),
+                    "initContainers": [engine],
+                    "containers": [bench],
+                },
             },
         },
     }

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 import httpx
@@ -40,6 +41,17 @@ CANCEL_WAIT_S = 120.0  # how long to wait for the API server to let go of delete
 # sweep that made it is gone. A choice: three levels of 100 requests of 1k tokens at one client at 25 tok/s (the
 # user's slowest measured setup) take about an hour each.
 BENCH_ALLOWANCE_S = 6 * 3600.0
+PROBE_PERIOD_S = 10  # the engine's startup probe: one look at /health each period, the timeout in looks
+SIGNALLED = (137, 143)  # a container's exit status when the kubelet stopped it: SIGKILL, SIGTERM
+# A container that waits for one of these never starts: a failure to record, not a queue to wait in
+NEVER_STARTS = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+)
+_RAISE = object()
 
 
 @dataclass(frozen=True)
@@ -71,20 +83,35 @@ def connect(context: str | None, namespace: str) -> Kube:
     return Kube(client.BatchV1Api(), client.CoreV1Api(), namespace)
 
 
-def _plain(obj: Any) -> Any:
-    """An API object as the JSON the API server sent (camelCase keys, times as ISO text)."""
+@cache
+def _client() -> Any:
     from kubernetes.client import ApiClient
 
-    return ApiClient().sanitize_for_serialization(obj)
+    return ApiClient()
 
 
-def _missing(exc: Exception) -> bool:
-    return getattr(exc, "status", None) == 404
+def _plain(obj: Any) -> Any:
+    """An API object as the JSON the API server sent (camelCase keys, times as ISO text)."""
+    return _client().sanitize_for_serialization(obj)
 
 
-def _api_error(exc: Exception, doing: str) -> SpecError:
-    reason = getattr(exc, "reason", None) or exc
-    return SpecError(f"the Kubernetes API refused to {doing}: {getattr(exc, 'status', '')} {reason}".strip())
+def _call(doing: str, method: Callable[..., Any], *args: Any, missing: Any = _RAISE, **kwargs: Any) -> Any:
+    """One API call; a refusal or an unreachable server is one line (SpecError), a 404 is `missing` where given."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        return method(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status == 404 and missing is not _RAISE:
+            return missing
+        try:
+            said = json.loads(exc.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            said = None
+        raise SpecError(f"the Kubernetes API refused to {doing}: {exc.status} {said or exc.reason}") from None
+    except HTTPError as exc:
+        raise SpecError(f"cannot reach the Kubernetes API to {doing}: {exc}") from None
 
 
 def job_name(plan: SweepPlan, index: int, command: str) -> str:
@@ -94,18 +121,16 @@ def job_name(plan: SweepPlan, index: int, command: str) -> str:
 
 
 def _job(kube: Kube, name: str) -> dict | None:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        return _plain(kube.batch.read_namespaced_job_status(name, kube.namespace))
-    except ApiException as exc:
-        if _missing(exc):
-            return None
-        raise _api_error(exc, f"read Job {name}") from None
+    found = _call(f"read Job {name}", kube.batch.read_namespaced_job_status, name, kube.namespace, missing=None)
+    return None if found is None else _plain(found)
 
 
 def _pod(kube: Kube, job: str) -> dict | None:
-    pods = _plain(kube.core.list_namespaced_pod(kube.namespace, label_selector=f"job-name={job}"))["items"]
+    """The Job's pod (the newest, should there be more than one)."""
+    found = _call(
+        f"list the pods of Job {job}", kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={job}"
+    )
+    pods = sorted(_plain(found)["items"], key=lambda p: p["metadata"].get("creationTimestamp") or "")
     return pods[-1] if pods else None
 
 
@@ -134,64 +159,90 @@ def _seconds(terminated: dict) -> float | None:
     return (end - start).total_seconds()
 
 
+def _failed(detail: str, reason: str = "crashed") -> dict[str, Any]:
+    return {"status": "failed", "reason": reason, "detail": detail[:300]}
+
+
 def outcome(kube: Kube, job: str, *, startup_s: float) -> tuple[dict[str, Any], str] | None:
-    """(what the Job found, its engine's log) once it has an answer; None while the engine starts or the
-    benchmark runs."""
+    """(what the Job found, its engine's log) once it has an answer; None while its pod waits for a node, the engine
+    starts or the benchmark runs."""
+    state = _job(kube, job)
+    if state is None:
+        return _failed(f"Job {job} was deleted outside the sweep"), ""
     pod = _pod(kube, job)
-    state = _job(kube, job) or {}
     failed = next(
         (c for c in state.get("status", {}).get("conditions") or [] if c["type"] == "Failed" and c["status"] == "True"),
         None,
     )
     if pod is None:
-        if failed is None:
-            return None  # not scheduled yet: the cluster's queue
-        return {"status": "failed", "reason": "crashed", "detail": failed.get("message") or failed["reason"]}, ""
+        return None if failed is None else (_failed(failed.get("message") or failed["reason"]), "")
     engine, bench = _status(pod, "initContainerStatuses", "engine"), _status(pod, "containerStatuses", "bench")
+    for name, status in (("engine", engine), ("benchmark", bench)):
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in NEVER_STARTS:
+            return _failed(f"the {name} container cannot start: {waiting['reason']}: {waiting.get('message', '')}"), ""
     restarted = engine.get("restartCount", 0) > 0
-    ended = (bench.get("state") or {}).get("terminated")
+    bench_state = bench.get("state") or {}
+    ended = bench_state.get("terminated")
+    # the engine's run that ended on its own: the kubelet stops it once the benchmark has ended, which is no crash
+    stopped = (engine.get("lastState") or {}).get("terminated") if restarted else None
+    if stopped is None and not ended:
+        stopped = (engine.get("state") or {}).get("terminated")
+    if stopped:  # the kubelet restarts it for ever: what it said when it ended is the finding
+        engine_log = _log(kube, pod, "engine", previous=restarted)
+        reason, detail = diagnose(engine_log, stopped.get("exitCode"))
+        if ended or bench_state.get("running"):  # a measurement across a restart is no measurement
+            return _failed(detail, "crashed_during_bench"), engine_log
+        ran_s = _seconds(stopped)
+        # the kubelet stops an engine its startup probe gave up on after the last look, a period or less before
+        # the timeout (its looks are not aligned with the start); container times are whole seconds
+        if (
+            reason == "crashed"
+            and stopped.get("exitCode") in SIGNALLED
+            and ran_s is not None
+            and ran_s >= startup_s - PROBE_PERIOD_S - 1
+        ):
+            reason, detail = "startup_timeout", f"no /health within {startup_s:g} s"
+        return _failed(detail, reason), engine_log
     if ended:
         log = _log(kube, pod, "bench")
+        engine_log = _log(kube, pod, "engine")
         line = next((ln for ln in reversed(log.splitlines()) if ln.startswith(RECORD_MARK)), None)
-        engine_log = _log(kube, pod, "engine", previous=restarted)
-        if line is not None:
-            found = json.loads(line.removeprefix(RECORD_MARK))
+        try:
+            found = json.loads(line.removeprefix(RECORD_MARK)) if line is not None else None
+        except ValueError:
+            found = None
+        if isinstance(found, dict) and found.get("status") in ("measured", "failed"):
             if found["status"] == "failed":  # the engine stopped answering during the benchmark
                 found["detail"] = diagnose(engine_log, None)[1]
             return found, engine_log
         tail = (log.strip().splitlines() or [f"exit status {ended.get('exitCode')}"])[-1]
-        detail = f"the benchmark ended without a record ({ended.get('reason')}): {tail}"
-        return {"status": "failed", "reason": "crashed", "detail": detail[:300]}, engine_log
-    stopped = (engine.get("lastState") or {}).get("terminated") or (engine.get("state") or {}).get("terminated")
-    if stopped:  # the engine ended before it was healthy: the kubelet would restart it for ever
-        engine_log = _log(kube, pod, "engine", previous=restarted)
-        reason, detail = diagnose(engine_log, stopped.get("exitCode"))
-        ran_s = _seconds(stopped)
-        if reason == "crashed" and ran_s is not None and ran_s >= startup_s:  # its startup probe gave up on it
-            reason, detail = "startup_timeout", f"no /health within {startup_s:g} s"
-        return {"status": "failed", "reason": reason, "detail": detail}, engine_log
-    if failed is not None:  # stopped by Kubernetes: the Job's deadline, an evicted pod
-        return {
-            "status": "failed",
-            "reason": "crashed",
-            "detail": failed.get("message") or failed["reason"],
-        }, _log(kube, pod, "engine")
+        return _failed(f"the benchmark ended without a record ({ended.get('reason')}): {tail}"), engine_log
+    if failed is not None:  # stopped by Kubernetes: the pod's deadline, an eviction
+        return _failed(failed.get("message") or failed["reason"]), _log(kube, pod, "engine")
     return None
 
 
-def delete(kube: Kube, jobs: list[str]) -> None:
-    """Delete `jobs` with their pods and wait until the API server no longer has any of them."""
-    from kubernetes.client.exceptions import ApiException
-
+def delete(kube: Kube, jobs: list[str]) -> list[str]:
+    """Delete `jobs` with their pods (foreground: the Job goes once its pods have) and wait until the API server no
+    longer has them; those still there after CANCEL_WAIT_S."""
     for name in jobs:
-        try:
-            kube.batch.delete_namespaced_job(name, kube.namespace, propagation_policy="Foreground")
-        except ApiException as exc:
-            if not _missing(exc):
-                raise _api_error(exc, f"delete Job {name}") from None
+        _call(
+            f"delete Job {name}",
+            kube.batch.delete_namespaced_job,
+            name,
+            kube.namespace,
+            propagation_policy="Foreground",
+            missing=None,
+        )
     deadline = time.monotonic() + CANCEL_WAIT_S
-    while time.monotonic() < deadline and any(_job(kube, name) is not None for name in jobs):
+    left = list(jobs)
+    while left:
+        left = [name for name in left if _job(kube, name) is not None]
+        if not left or time.monotonic() >= deadline:
+            break
         time.sleep(0.5)
+    return left
 
 
 def sweep_kubernetes(
@@ -203,40 +254,49 @@ def sweep_kubernetes(
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every command of the plan that has no record yet as a Kubernetes Job (`job_of(index, command, name)`
-    writes its manifest); return all records, old and new, in plan order."""
-    from kubernetes.client.exceptions import ApiException
-
+    writes its manifest; every manifest is written before any Job is made); return all records, old and new, in
+    plan order."""
     try:
         plan.folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecError(f"cannot use {plan.folder} for the sweep: {exc.strerror or exc}") from exc
     results = plan.folder / "results.jsonl"
     done = load_records(results)
-    active: dict[int, tuple[str, dict[str, Any]]] = {}
 
     def keep(record: dict[str, Any]) -> None:
         jsontext.append_line(results, record)
         done[record["command"]] = record
 
+    todo: list[tuple[int, str, dict[str, Any], dict]] = []
+    for index, command in enumerate(plan.commands):
+        if command in done:
+            continue
+        layout, predicted, refusal = prediction(plan, command)
+        record = {"command": command, "layout": layout, "predicted_output_tok_s": predicted}
+        if refusal and not plan.force:
+            keep({**record, "status": "skipped", "reason": refusal})
+            continue
+        name = job_name(plan, index, command)
+        todo.append((index, name, record, job_of(index, command, name)))
+    active: dict[int, tuple[str, dict[str, Any]]] = {}
     with terminate_as_interrupt():
         try:
-            for index, command in enumerate(plan.commands):
-                if command in done:
-                    continue
-                layout, predicted, refusal = prediction(plan, command)
-                record = {"command": command, "layout": layout, "predicted_output_tok_s": predicted}
-                if refusal and not plan.force:
-                    keep({**record, "status": "skipped", "reason": refusal})
-                    continue
-                name = job_name(plan, index, command)
-                if _job(kube, name) is None:
-                    if progress:
-                        progress(command)
-                    try:
-                        kube.batch.create_namespaced_job(kube.namespace, job_of(index, command, name))
-                    except ApiException as exc:
-                        raise _api_error(exc, f"create Job {name}") from None
-                active[index] = (name, record)
+            made: list[str] = []
+            try:
+                for index, name, record, manifest in todo:
+                    existing = _job(kube, name)
+                    if existing is not None and existing["metadata"].get("deletionTimestamp"):
+                        _gone(kube, [name])  # an earlier sweep's, still being deleted: make it afresh
+                        existing = None
+                    if existing is None:
+                        if progress:
+                            progress(record["command"])
+                        _call(f"create Job {name}", kube.batch.create_namespaced_job, kube.namespace, manifest)
+                        made.append(name)
+                    active[index] = (name, record)
+            except SpecError:
+                delete(kube, made)  # none of this run's Jobs is left behind unfollowed
+                raise
             while active:
                 for index, (name, record) in list(active.items()):
                     found = outcome(kube, name, startup_s=plan.health_timeout_s)
@@ -251,9 +311,19 @@ def sweep_kubernetes(
                 if active:
                     time.sleep(poll_s)
         except KeyboardInterrupt:
-            delete(kube, [name for name, _ in active.values()])
+            _gone(kube, [name for name, _ in active.values()])
             raise
     return [done[c] for c in plan.commands if c in done]
+
+
+def _gone(kube: Kube, jobs: list[str]) -> None:
+    """Delete `jobs` and wait for them; one line naming those the API server still holds."""
+    left = delete(kube, jobs)
+    if left:
+        raise SpecError(
+            f"{len(left)} Job(s) still being deleted after {CANCEL_WAIT_S:g} s ({', '.join(left)}): "
+            f"kubectl get jobs -n {kube.namespace} shows them; run the sweep again once they are gone"
+        )
 
 
 def _healthy(url: str) -> bool:

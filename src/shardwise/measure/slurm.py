@@ -51,7 +51,7 @@ def _state(job: str) -> str | None:
     """The job's state while Slurm lists it, else None (it has ended)."""
     done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=60)
     state = done.stdout.strip()
-    return state if done.returncode == 0 and state else None
+    return state if done.returncode == 0 and state in ACTIVE else None  # squeue -j may list it ended a while
 
 
 def _plan_file(plan: SweepPlan) -> Path:
