@@ -540,11 +540,19 @@ def _prefill_run(flags: str, version: str, isl: int, *, requests: int = 4):
     return steps, memory, _Run(Simulation(steps, memory), draw(workload), None, None, offline=True)
 
 
-def test_a_spent_prefill_budget_at_start_is_one_clear_error_where_the_engine_admits_nothing():
-    """SGLang 0.5.23 asks the prefill budget before the first waiting request: with --max-prefill-tokens 0 it never
-    admits one, and saying so beats simulating a stall; 0.5.22 admits the first and serves one request a batch."""
-    with pytest.raises(SpecError, match="--max-prefill-tokens 0: sglang 0.5.23 asks this budget"):
-        _prefill_run("--max-prefill-tokens 0", "0.5.23", 1024)
+def test_a_spent_prefill_budget_at_start_is_refused_by_check_where_the_engine_admits_nothing():
+    """SGLang 0.5.23 asks the prefill budget before the first waiting request: with --max-prefill-tokens 0 it starts
+    and never admits one, which check says (a run-time refusal, no engine error) before anything is priced; 0.5.22
+    admits the first and serves one request a batch."""
+    cluster = load_cluster("1xh100")
+    for budget in ("0", "-3"):
+        setup = check_command(f"{LLAMA_SGLANG} --max-prefill-tokens {budget}", cluster=cluster, version="0.5.23").setup
+        (refusal,) = setup.rejections
+        assert (refusal.rule, refusal.stage, refusal.engine_error) == ("prefill_budget", "run", None)
+        assert refusal.reason.startswith(f"--max-prefill-tokens {budget}: sglang 0.5.23 asks this budget")
+    assert not check_command(
+        f"{LLAMA_SGLANG} --max-prefill-tokens 1", cluster=cluster, version="0.5.23"
+    ).setup.rejections
     steps, memory, run = _prefill_run("--max-prefill-tokens 0", "0.5.22", 1024)
     run.ranks[0].waiting.extend(range(4))
     assert [take for _, take in run._prefill_batch(run.ranks[0])] == [1024]

@@ -438,6 +438,22 @@ def chunk_fits_pages(ctx: Context) -> Rejection | None:
     )
 
 
+def prefill_budget_admits(ctx: Context) -> Rejection | None:
+    """0.5.23 asks the prefill budget before it admits the first waiting request (schedule_policy.py PrefillAdder
+    budget_state, asked in scheduler.py get_new_batch_prefill before the loop over the waiting queue): with no
+    budget it starts and then never admits one. Earlier releases admit the first request before they ask."""
+    budget = ctx.flags["max_prefill_tokens"]
+    if ctx.version < V0523 or budget > 0:
+        return None
+    return Rejection(
+        rule="prefill_budget",
+        stage="run",
+        reason=f"--max-prefill-tokens {budget}: sglang {ctx.version} asks this budget before it admits a request "
+        "to a prefill, so it starts and admits none: give a positive number of tokens",
+        source=_src(ctx, "managers/schedule_policy.py PrefillAdder.budget_state"),
+    )
+
+
 def pipeline_exclusions(ctx: Context) -> Rejection | None:
     f = ctx.flags
     if f["pp_size"] == 1:
@@ -626,6 +642,7 @@ RULES: list[Rule] = [
     dcp_backend,
     deepep_link,
     chunk_fits_pages,
+    prefill_budget_admits,
     pipeline_exclusions,
     feature_combinations,
     mtp_needs_draft,

@@ -71,12 +71,6 @@ class StepTimes:
         self._tokenize_per_token_s = (oh.tokenize_cpu_per_prose_token.si("s"), oh.tokenize_cpu_per_random_token.si("s"))
         if not text_prompts:
             self._tokenize_per_token_s = (0.0, 0.0)
-        policy = layout.options.scheduler
-        if policy.budget_first and policy.max_prefill_tokens is not None and policy.max_prefill_tokens <= 0:
-            raise SpecError(
-                f"--max-prefill-tokens {policy.max_prefill_tokens}: {layout.engine} {layout.version} asks this budget "
-                "before it admits a request to a prefill, so it admits none: give a positive number of tokens"
-            )
         book = book or PriceBook()
         self.target = StepCostModel.of(model, layout, cluster, tables=tables, book=book)
         self.plan: SpecPlan | None = None
