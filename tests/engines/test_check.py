@@ -33,3 +33,15 @@ def test_chunked_prefill_off_and_the_prefill_budget():
     assert (on.scheduler.mixed_batches, on.scheduler.max_prefill_tokens, on.scheduler.whole_prompts) == (
         True, 16384, False)  # fmt: skip
     assert options("", "0.5.12").scheduler.whole_prompts
+
+
+def test_an_option_set_apart_from_its_default_is_told_by_value_and_type():
+    """A partly modelled option is listed where a command sets it: an int set to 0 is set (0 == False in Python, so
+    comparing by value alone would drop it), a switch left off and the default itself are not."""
+    from shardwise.engines.flags import Option, _set_apart_from_default
+
+    count = Option(flags=("--n",), type="int", default=16384)
+    switch = Option(flags=("--x",), type="bool", default=False)
+    assert _set_apart_from_default(count, 0) and _set_apart_from_default(count, 1)
+    assert not _set_apart_from_default(count, 16384) and not _set_apart_from_default(count, None)
+    assert _set_apart_from_default(switch, True) and not _set_apart_from_default(switch, False)

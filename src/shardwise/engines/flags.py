@@ -249,6 +249,14 @@ def parse_flags(table: FlagTable, argv: list[str], version: Version) -> dict[str
 ADDRESSING = frozenset({"--host", "--port", "--trust-remote-code", "--served-model-name", "--api-key", "--log-level"})
 
 
+def _set_apart_from_default(option: Option, value: Any) -> bool:
+    """Whether a parsed value says something the default does not: not unset, not a switch left off, and not the
+    default itself (compared by type as well, so an int 0 is not taken for False)."""
+    if value is None or (option.type == "bool" and value is False):
+        return False
+    return not (type(value) is type(option.default) and value == option.default)
+
+
 def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tuple[str, ...]:
     """The options of `argv` the engine parses and shardwise does not model (its `other_flags`), as given, less
     the addressing ones, each the engine parses and never reads said so; empty for a command the parser refuses."""
@@ -261,7 +269,7 @@ def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tup
     out = []
     for key, value in vars(namespace).items():
         option = table.options.get(key)
-        if option is not None and option.partly and value not in (None, False, option.default):
+        if option is not None and option.partly and _set_apart_from_default(option, value):
             given = option.spellings(version)[0] if value is True else f"{option.spellings(version)[0]} {value}"
             out.append(f"{given} ({option.partly})")
         if not key.startswith("_other") or value is None:
