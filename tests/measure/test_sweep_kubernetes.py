@@ -156,9 +156,8 @@ class Killed(BaseException):
     """The sweep's process killed outright: no handler of its own runs."""
 
 
-def test_a_sweep_killed_outright_follows_its_jobs_instead_of_creating_them_twice(tmp_path, fake):
-    commands = three()
-    sweep_plan = plan(tmp_path / "sweep", commands)
+def killed_once_running(sweep_plan: SweepPlan, fake: FakeKube) -> None:
+    """Run the sweep until a pod runs, then kill it outright: its Jobs are left as they are."""
 
     def kill(cluster: FakeKube) -> None:
         if cluster.running():
@@ -167,8 +166,15 @@ def test_a_sweep_killed_outright_follows_its_jobs_instead_of_creating_them_twice
     fake.on_list = kill
     with pytest.raises(Killed):
         run(sweep_plan, fake)
-    assert len(fake.jobs) == 3  # left on the cluster, as a killed process leaves them
     fake.on_list = None
+
+
+def test_a_sweep_killed_outright_follows_its_jobs_instead_of_creating_them_twice(tmp_path, fake):
+    commands = three()
+    sweep_plan = plan(tmp_path / "sweep", commands)
+
+    killed_once_running(sweep_plan, fake)
+    assert len(fake.jobs) == 3  # left on the cluster, as a killed process leaves them
     records = run(sweep_plan, fake)
     assert [r["status"] for r in records] == ["measured", "failed", "measured"]
     assert len(fake.created) == 3  # followed, not created again
@@ -213,15 +219,8 @@ def test_a_job_still_being_deleted_is_made_afresh_not_followed(tmp_path, fake):
     a pod being stopped into a false crash: it waits for the Job to go and makes it again."""
     sweep_plan = plan(tmp_path / "sweep", three()[:1])
 
-    def kill(cluster: FakeKube) -> None:
-        if cluster.running():
-            raise Killed
-
-    fake.on_list = kill
-    with pytest.raises(Killed):
-        run(sweep_plan, fake)
+    killed_once_running(sweep_plan, fake)
     (name,) = fake.jobs
     fake.delete_namespaced_job(name, "default", propagation_policy="Foreground")
-    fake.on_list = None
     (record,) = run(sweep_plan, fake)
     assert record["status"] == "measured" and fake.created == [name, name]

@@ -29,8 +29,8 @@ from shardwise.errors import SpecError
 from shardwise.measure.sweep import (
     SweepPlan,
     diagnose,
-    load_records,
     measure_levels,
+    open_results,
     prediction,
     terminate_as_interrupt,
 )
@@ -256,12 +256,7 @@ def sweep_kubernetes(
     """Run every command of the plan that has no record yet as a Kubernetes Job (`job_of(index, command, name)`
     writes its manifest; every manifest is written before any Job is made); return all records, old and new, in
     plan order."""
-    try:
-        plan.folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"cannot use {plan.folder} for the sweep: {exc.strerror or exc}") from exc
-    results = plan.folder / "results.jsonl"
-    done = load_records(results)
+    results, done = open_results(plan)
 
     def keep(record: dict[str, Any]) -> None:
         jsontext.append_line(results, record)

@@ -23,7 +23,7 @@ from typing import Any
 
 from shardwise import jsontext
 from shardwise.errors import SpecError
-from shardwise.measure.sweep import SweepPlan, diagnose, load_records, run_one, terminate_as_interrupt
+from shardwise.measure.sweep import SweepPlan, diagnose, open_results, run_one, terminate_as_interrupt
 from shardwise.spec.cluster import load_cluster
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
@@ -117,12 +117,8 @@ def sweep_slurm(
     records, old and new, in plan order."""
     if plan.cluster_ref is None:
         raise SpecError("a Slurm sweep needs the cluster by name or file, as --gpus gives it")
-    try:
-        plan.folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"cannot use {plan.folder} for the sweep: {exc.strerror or exc}") from exc
-    results, jobs_file = plan.folder / "results.jsonl", plan.folder / "jobs.json"
-    done = load_records(results)
+    results, done = open_results(plan)
+    jobs_file = plan.folder / "jobs.json"
     jobs: dict[str, str] = json.loads(jobs_file.read_text()) if jobs_file.exists() else {}
     _write_plan(plan)
     active: dict[int, str] = {}

@@ -242,14 +242,19 @@ def run_one(plan: SweepPlan, command: str, index: int, log_path: Path | None = N
         stop(process)
 
 
-def sweep(plan: SweepPlan, *, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Run every command of the plan that has no record yet; return all records, old and new, in plan order."""
+def open_results(plan: SweepPlan) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """The sweep's results file (its folder made if need be) and the records it already holds, by command."""
     try:
         plan.folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecError(f"cannot use {plan.folder} for the sweep: {exc.strerror or exc}") from exc
     results = plan.folder / "results.jsonl"
-    done = load_records(results)
+    return results, load_records(results)
+
+
+def sweep(plan: SweepPlan, *, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Run every command of the plan that has no record yet; return all records, old and new, in plan order."""
+    results, done = open_results(plan)
     for index, command in enumerate(plan.commands):
         if command in done:
             continue
