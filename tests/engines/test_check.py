@@ -45,3 +45,5 @@ def test_an_option_set_apart_from_its_default_is_told_by_value_and_type():
     assert _set_apart_from_default(count, 0) and _set_apart_from_default(count, 1)
     assert not _set_apart_from_default(count, 16384) and not _set_apart_from_default(count, None)
     assert _set_apart_from_default(switch, True) and not _set_apart_from_default(switch, False)
+    fraction = Option(flags=("--f",), type="float", default=1)  # a float option with an int default: the same number
+    assert not _set_apart_from_default(fraction, 1.0) and _set_apart_from_default(fraction, 0.5)

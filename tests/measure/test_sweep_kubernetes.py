@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 
 from shardwise.cli.deploy import sweep_job_of
+from shardwise.measure import kubernetes
 from shardwise.measure.kubernetes import Kube, bench_main, sweep_kubernetes
 from shardwise.measure.sweep import SweepPlan, load_records
 from shardwise.spec.cluster import load_cluster
@@ -105,14 +106,30 @@ def test_three_setups_one_failing_diagnosed_from_its_engine_log(tmp_path, fake):
     assert len(fake.created) == 3
 
 
-def test_an_engine_that_never_answers_is_a_startup_timeout(tmp_path, fake):
-    """The startup probe (one look in a period of 10 s for a 2 s timeout) gives up, the kubelet stops the engine
-    (SIGTERM: exit status 143) and would restart it: the sweep records the timeout rather than waiting on the
-    restarts."""
-    never = f"{sys.executable} -c 'import time; time.sleep(600)'"
-    (record,) = run(plan(tmp_path / "sweep", three()[:1], launcher=never, health_timeout_s=2), fake)
-    assert record["status"] == "failed" and record["reason"] == "startup_timeout"
+# an engine that never answers and, as vLLM does while it starts, turns SIGTERM into an exception of its own
+NEVER = (
+    f"{sys.executable} -c 'import signal, sys, time\n"
+    'def stop(*_):\n    print("RuntimeError: terminated", flush=True); sys.exit(1)\n'
+    "signal.signal(signal.SIGTERM, stop); time.sleep(600)'"
+)
+
+
+def test_an_engine_that_never_answers_is_a_startup_timeout_whatever_it_logs_when_stopped(tmp_path, fake, monkeypatch):
+    """The startup probe (looks a second apart here, three for a 3 s timeout) gives up within its last period and
+    the kubelet stops the engine, which logs an error as it goes: the sweep records the timeout, not that error,
+    and does not wait on the restarts."""
+    monkeypatch.setattr(kubernetes, "PROBE_PERIOD_S", 1)
+    (record,) = run(plan(tmp_path / "sweep", three()[:1], launcher=NEVER, health_timeout_s=3), fake)
+    assert record["status"] == "failed" and record["reason"] == "startup_timeout", record
+    assert "RuntimeError: terminated" in Path(record["log"]).read_text()
     assert fake.jobs == {} and fake.running() == []
+
+
+def test_an_engine_that_ends_at_once_is_a_crash_not_a_timeout(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(kubernetes, "PROBE_PERIOD_S", 1)
+    quits = f"{sys.executable} -c 'import sys; sys.exit(3)'"
+    (record,) = run(plan(tmp_path / "sweep", three()[:1], launcher=quits, health_timeout_s=3), fake)
+    assert (record["status"], record["reason"], record["detail"]) == ("failed", "crashed", "exit status 3")
 
 
 def test_an_engine_that_dies_during_the_benchmark_is_a_crash_not_a_measurement(tmp_path, fake):

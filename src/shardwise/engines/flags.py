@@ -251,10 +251,10 @@ ADDRESSING = frozenset({"--host", "--port", "--trust-remote-code", "--served-mod
 
 def _set_apart_from_default(option: Option, value: Any) -> bool:
     """Whether a parsed value says something the default does not: not unset, not a switch left off, and not the
-    default itself (compared by type as well, so an int 0 is not taken for False)."""
+    default itself (a switch compared only with a switch: an int 0 is not False, and 16384.0 is 16384)."""
     if value is None or (option.type == "bool" and value is False):
         return False
-    return not (type(value) is type(option.default) and value == option.default)
+    return not (value == option.default and isinstance(value, bool) == isinstance(option.default, bool))
 
 
 def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,14 +45,11 @@ BENCH_ALLOWANCE_S = 6 * 3600.0
 PROBE_PERIOD_S = 10  # the engine's startup probe: one look at /health each period, the timeout in looks
 SIGNALLED = (137, 143)  # a container's exit status when the kubelet stopped it: SIGKILL, SIGTERM
 # A container that waits for one of these never starts: a failure to record, not a queue to wait in
-NEVER_STARTS = (
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-)
+# (ErrImagePull and CreateContainerError come first and may pass on a retry; the back-off after a failed pull
+# does not, and a missing secret or config map waits on a person)
+NEVER_STARTS = ("ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError")
 _RAISE = object()
+API_TRIES, API_RETRY_S = 4, 2.0  # a transient API failure is asked again this many times, this far apart
 
 
 @dataclass(frozen=True)
@@ -96,22 +94,33 @@ def _plain(obj: Any) -> Any:
 
 
 def _call(doing: str, method: Callable[..., Any], *args: Any, missing: Any = _RAISE, **kwargs: Any) -> Any:
-    """One API call; a refusal or an unreachable server is one line (SpecError), a 404 is `missing` where given."""
+    """One API call; a refusal or an unreachable server is one line (SpecError), a 404 is `missing` where given. A
+    busy or briefly unreachable server (429, 5xx, a dropped connection) is asked again a few times first: a sweep
+    follows its Jobs for hours."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    try:
-        return method(*args, **kwargs)
-    except ApiException as exc:
-        if exc.status == 404 and missing is not _RAISE:
-            return missing
+    for attempt in range(API_TRIES):
+        last = attempt == API_TRIES - 1
         try:
-            said = json.loads(exc.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            said = None
-        raise SpecError(f"the Kubernetes API refused to {doing}: {exc.status} {said or exc.reason}") from None
-    except HTTPError as exc:
-        raise SpecError(f"cannot reach the Kubernetes API to {doing}: {exc}") from None
+            return method(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status == 404 and missing is not _RAISE:
+                return missing
+            if not last and (exc.status == 429 or (exc.status or 0) >= 500):
+                time.sleep(API_RETRY_S)
+                continue
+            try:
+                said = json.loads(exc.body or "{}").get("message")
+            except (ValueError, AttributeError):
+                said = None
+            raise SpecError(f"the Kubernetes API refused to {doing}: {exc.status} {said or exc.reason}") from None
+        except HTTPError as exc:
+            if not last:
+                time.sleep(API_RETRY_S)
+                continue
+            raise SpecError(f"cannot reach the Kubernetes API to {doing}: {exc}") from None
+    raise AssertionError("unreachable")
 
 
 def job_name(plan: SweepPlan, index: int, command: str) -> str:
@@ -137,12 +146,13 @@ def _pod(kube: Kube, job: str) -> dict | None:
 def _log(kube: Kube, pod: dict, container: str, *, previous: bool = False) -> str:
     """A container's log, or '' where the API server has none (the container never ran)."""
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
     try:
         return kube.core.read_namespaced_pod_log(
             pod["metadata"]["name"], kube.namespace, container=container, previous=previous
         )
-    except ApiException:
+    except (ApiException, HTTPError):
         return ""
 
 
@@ -163,11 +173,27 @@ def _failed(detail: str, reason: str = "crashed") -> dict[str, Any]:
     return {"status": "failed", "reason": reason, "detail": detail[:300]}
 
 
+def _before(earlier: str | None, later: str | None) -> bool:
+    """Strictly before: the API's times are whole seconds, and the same second may be either order."""
+    try:
+        return datetime.fromisoformat(earlier or "") < datetime.fromisoformat(later or "")
+    except ValueError:
+        return False
+
+
+def _probe_gave_up(stopped: dict, startup_s: float) -> bool:
+    """Whether the engine ran until its startup probe gave up: the kubelet stops it after the last failed look,
+    which comes within the final period (its looks are not aligned with the start; times are whole seconds)."""
+    ran_s = _seconds(stopped)
+    looks = max(1, math.ceil(startup_s / PROBE_PERIOD_S))
+    return ran_s is not None and ran_s >= (looks - 1) * PROBE_PERIOD_S - 1
+
+
 def outcome(kube: Kube, job: str, *, startup_s: float) -> tuple[dict[str, Any], str] | None:
     """(what the Job found, its engine's log) once it has an answer; None while its pod waits for a node, the engine
     starts or the benchmark runs."""
     state = _job(kube, job)
-    if state is None:
+    if state is None or state["metadata"].get("deletionTimestamp"):
         return _failed(f"Job {job} was deleted outside the sweep"), ""
     pod = _pod(kube, job)
     failed = next(
@@ -184,24 +210,23 @@ def outcome(kube: Kube, job: str, *, startup_s: float) -> tuple[dict[str, Any], 
     restarted = engine.get("restartCount", 0) > 0
     bench_state = bench.get("state") or {}
     ended = bench_state.get("terminated")
+    began = (bench_state.get("running") or ended or {}).get("startedAt")
     # the engine's run that ended on its own: the kubelet stops it once the benchmark has ended, which is no crash
     stopped = (engine.get("lastState") or {}).get("terminated") if restarted else None
+    if stopped is not None and began and _before(stopped.get("finishedAt"), began):
+        stopped = None  # it restarted while it started, then served the whole benchmark (a Job followed late)
     if stopped is None and not ended:
         stopped = (engine.get("state") or {}).get("terminated")
     if stopped:  # the kubelet restarts it for ever: what it said when it ended is the finding
         engine_log = _log(kube, pod, "engine", previous=restarted)
         reason, detail = diagnose(engine_log, stopped.get("exitCode"))
-        if ended or bench_state.get("running"):  # a measurement across a restart is no measurement
-            return _failed(detail, "crashed_during_bench"), engine_log
-        ran_s = _seconds(stopped)
-        # the kubelet stops an engine its startup probe gave up on after the last look, a period or less before
-        # the timeout (its looks are not aligned with the start); container times are whole seconds
-        if (
-            reason == "crashed"
-            and stopped.get("exitCode") in SIGNALLED
-            and ran_s is not None
-            and ran_s >= startup_s - PROBE_PERIOD_S - 1
-        ):
+        if stopped.get("reason") == "OOMKilled":
+            reason, detail = "crashed", "the engine's container passed its memory limit (OOMKilled)"
+        elif began:  # a measurement across a restart is no measurement
+            reason = "crashed_during_bench"
+        elif reason not in ("oom", "no_kv_room") and _probe_gave_up(stopped, startup_s):
+            # the kubelet stopped it after its startup probe's last look; what it logged as it was stopped (an
+            # engine may raise on SIGTERM) says nothing more
             reason, detail = "startup_timeout", f"no /health within {startup_s:g} s"
         return _failed(detail, reason), engine_log
     if ended:
@@ -225,24 +250,32 @@ def outcome(kube: Kube, job: str, *, startup_s: float) -> tuple[dict[str, Any], 
 
 def delete(kube: Kube, jobs: list[str]) -> list[str]:
     """Delete `jobs` with their pods (foreground: the Job goes once its pods have) and wait until the API server no
-    longer has them; those still there after CANCEL_WAIT_S."""
+    longer has them; those still there after CANCEL_WAIT_S, or that could not be asked."""
+    asked = []
     for name in jobs:
-        _call(
-            f"delete Job {name}",
-            kube.batch.delete_namespaced_job,
-            name,
-            kube.namespace,
-            propagation_policy="Foreground",
-            missing=None,
-        )
+        try:
+            _call(
+                f"delete Job {name}",
+                kube.batch.delete_namespaced_job,
+                name,
+                kube.namespace,
+                propagation_policy="Foreground",
+                missing=None,
+            )
+            asked.append(name)
+        except SpecError:
+            continue
     deadline = time.monotonic() + CANCEL_WAIT_S
-    left = list(jobs)
+    left = list(asked)
     while left:
-        left = [name for name in left if _job(kube, name) is not None]
+        try:
+            left = [name for name in left if _job(kube, name) is not None]
+        except SpecError:
+            break
         if not left or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
-    return left
+    return [name for name in jobs if name not in asked] + left
 
 
 def sweep_kubernetes(
@@ -286,11 +319,11 @@ def sweep_kubernetes(
                     if existing is None:
                         if progress:
                             progress(record["command"])
+                        made.append(name)  # before the call: an interrupted create may still have made it
                         _call(f"create Job {name}", kube.batch.create_namespaced_job, kube.namespace, manifest)
-                        made.append(name)
                     active[index] = (name, record)
-            except SpecError:
-                delete(kube, made)  # none of this run's Jobs is left behind unfollowed
+            except (SpecError, KeyboardInterrupt):
+                delete(kube, made)  # none of this run's Jobs is left behind unfollowed (a 404 is no matter)
                 raise
             while active:
                 for index, (name, record) in list(active.items()):

@@ -26,7 +26,18 @@ from shardwise.errors import SpecError
 from shardwise.measure.sweep import SweepPlan, diagnose, open_results, run_one, terminate_as_interrupt
 from shardwise.spec.cluster import load_cluster
 
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+# A job's states once it has ended (squeue(1) JOB STATE CODES); any other state it is listed in is still its own
+ENDED = (
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+)
 CANCEL_WAIT_S = 60.0  # how long to wait for Slurm to stop listing cancelled jobs
 
 
@@ -48,10 +59,14 @@ def _run(argv: list[str]) -> str:
 
 
 def _state(job: str) -> str | None:
-    """The job's state while Slurm lists it, else None (it has ended)."""
+    """The job's state until it has ended, then None: not listed, listed in an end state (squeue -j lists an ended
+    job for a while), or unknown to Slurm. A squeue that fails otherwise (the controller busy) says nothing: the job
+    is taken as still there, and asked about again."""
     done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return None if "invalid job id" in done.stderr.lower() else "UNKNOWN"
     state = done.stdout.strip()
-    return state if done.returncode == 0 and state in ACTIVE else None  # squeue -j may list it ended a while
+    return None if not state or state in ENDED else state
 
 
 def _plan_file(plan: SweepPlan) -> Path:
