@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -35,7 +35,6 @@ from shardwise.engines.base import Setup, get_engine
 from shardwise.engines.check import check_command
 from shardwise.engines.flags import HEAD_IP, split_command
 from shardwise.errors import SpecError
-from shardwise.measure.sweep import SweepPlan
 from shardwise.report import files as report_files
 from shardwise.report import setups as report_setups
 from shardwise.serve.steady import predict
@@ -43,6 +42,9 @@ from shardwise.spec.catalog import DEFAULT_MODEL, load_model
 from shardwise.spec.cluster import DEFAULT_CLUSTER, ClusterSpec, load_cluster
 from shardwise.spec.model import ModelSpec
 from shardwise.spec.weights import weight_ledger
+
+if TYPE_CHECKING:  # the sweep's modules load only when a sweep runs
+    from shardwise.measure.sweep import SweepPlan
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
