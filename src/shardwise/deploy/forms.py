@@ -119,9 +119,13 @@ def _container(service: Service, argv: list[str]) -> dict:
     }
 
 
-def _probes(container: dict, service: Service) -> dict:
+def _health_probe(service: Service) -> dict:
     # a health check may wait behind a busy step: 10 s, not the 1 s default
-    probe = {"httpGet": {"path": service.health_path, "port": "http"}, "timeoutSeconds": 10}
+    return {"httpGet": {"path": service.health_path, "port": "http"}, "timeoutSeconds": 10}
+
+
+def _probes(container: dict, service: Service) -> dict:
+    probe = _health_probe(service)
     return {
         **container,
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": STARTUP_S // 10},
@@ -234,8 +238,7 @@ def sweep_job(
     the time a pod waits for a node does not count."""
     engine = {**_container(service, engine_argv), "restartPolicy": "Always"}
     engine["startupProbe"] = {
-        "httpGet": {"path": service.health_path, "port": "http"},
-        "timeoutSeconds": 10,
+        **_health_probe(service),
         "periodSeconds": probe_period_s,
         "failureThreshold": max(1, math.ceil(startup_s / probe_period_s)),
     }

@@ -23,14 +23,14 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-import httpx
-
 from shardwise import jsontext
 from shardwise.errors import SpecError
 from shardwise.measure.sweep import (
     SweepPlan,
     diagnose,
+    healthy,
     measure_levels,
+    measured,
     open_results,
     prediction,
     terminate_as_interrupt,
@@ -43,7 +43,6 @@ CANCEL_WAIT_S = 120.0  # how long to wait for the API server to let go of delete
 # user's slowest measured setup) take about an hour each.
 BENCH_ALLOWANCE_S = 6 * 3600.0
 PROBE_PERIOD_S = 10  # the engine's startup probe: one look at /health each period, the timeout in looks
-SIGNALLED = (137, 143)  # a container's exit status when the kubelet stopped it: SIGKILL, SIGTERM
 # A container that waits for one of these never starts: a failure to record, not a queue to wait in
 # (ErrImagePull and CreateContainerError come first and may pass on a retry; the back-off after a failed pull
 # does not, and a missing secret or config map waits on a person)
@@ -100,14 +99,15 @@ def _call(doing: str, method: Callable[..., Any], *args: Any, missing: Any = _RA
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    for attempt in range(API_TRIES):
-        last = attempt == API_TRIES - 1
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return method(*args, **kwargs)
         except ApiException as exc:
             if exc.status == 404 and missing is not _RAISE:
                 return missing
-            if not last and (exc.status == 429 or (exc.status or 0) >= 500):
+            if attempt < API_TRIES and (exc.status == 429 or (exc.status or 0) >= 500):
                 time.sleep(API_RETRY_S)
                 continue
             try:
@@ -116,11 +116,10 @@ def _call(doing: str, method: Callable[..., Any], *args: Any, missing: Any = _RA
                 said = None
             raise SpecError(f"the Kubernetes API refused to {doing}: {exc.status} {said or exc.reason}") from None
         except HTTPError as exc:
-            if not last:
+            if attempt < API_TRIES:
                 time.sleep(API_RETRY_S)
                 continue
             raise SpecError(f"cannot reach the Kubernetes API to {doing}: {exc}") from None
-    raise AssertionError("unreachable")
 
 
 def job_name(plan: SweepPlan, index: int, command: str) -> str:
@@ -354,13 +353,6 @@ def _gone(kube: Kube, jobs: list[str]) -> None:
         )
 
 
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=10.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def bench_main(argv: list[str] | None = None) -> None:
     """What a Job's benchmark container runs once its engine is healthy: every level, then one record line."""
     parser = argparse.ArgumentParser(prog="python -m shardwise.measure.kubernetes")
@@ -376,16 +368,9 @@ def bench_main(argv: list[str] | None = None) -> None:
         isl=args.isl,
         osl=args.osl,
         num_prompts=args.num_prompts,
-        alive=lambda: _healthy(args.url),
+        alive=lambda: healthy(args.url, timeout_s=10.0),
     )
-    if alive:
-        found = {
-            "status": "measured",
-            "levels": levels,
-            "measured_output_tok_s": max(lv["output_throughput"] for lv in levels),
-        }
-    else:
-        found = {"status": "failed", "reason": "crashed_during_bench", "levels": levels}
+    found = measured(levels) if alive else {"status": "failed", "reason": "crashed_during_bench", "levels": levels}
     print(RECORD_MARK + json.dumps(found), flush=True)
 
 

@@ -119,16 +119,21 @@ def prediction(plan: SweepPlan, command: str) -> tuple[str | None, float | None,
     return layout.describe(), p.output_tok_s, None
 
 
+def healthy(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether the engine at `url` answers its /health with 200."""
+    try:
+        return httpx.get(url + "/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return False
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
+        if healthy(url):
+            return True
         time.sleep(0.2)
     return False
 
@@ -174,6 +179,15 @@ def measure_levels(
             }
         )
     return levels, True
+
+
+def measured(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """A setup's record once every level ran: the levels and the most output tok/s any gave."""
+    return {
+        "status": "measured",
+        "levels": levels,
+        "measured_output_tok_s": max(lv["output_throughput"] for lv in levels),
+    }
 
 
 @contextmanager
@@ -236,8 +250,7 @@ def run_one(plan: SweepPlan, command: str, index: int, log_path: Path | None = N
                 "detail": detail,
                 "log": str(log_path),
             }
-        best = max(lv["output_throughput"] for lv in levels)
-        return {**record, "status": "measured", "levels": levels, "measured_output_tok_s": best, "log": str(log_path)}
+        return {**record, **measured(levels), "log": str(log_path)}
     finally:
         stop(process)
 
