@@ -383,7 +383,8 @@ def test_theorise_json_names_the_best_and_the_excluded():
     bought = {" ".join(g["flags"]): g for g in payload["what_each_flag_buys"]}
     # the best TP EP setup (the family the user's EP8 run validates here) and what its expert split buys
     assert best["confidence"]["family"] == "sglang TP EP" and best["confidence"]["validated_on"] == "this GPU"
-    assert bought["--ep-size 4"]["gain"] > 0 and bought["FP8 KV cache"]["gain"] > 0
+    (ep,) = [flag for flag in bought if flag.startswith("--ep-size")]  # EP4×TP2 and EP2×TP4 tie: either may win
+    assert ep in " ".join(best["launch"]) and bought[ep]["gain"] > 0 and bought["FP8 KV cache"]["gain"] > 0
     assert payload["measured_alternative"] is None  # the best itself was measured here
     assert payload["unvalidated_over"] == payload["ranked"][1]["engine"] + " " + payload["ranked"][1]["layout"] + (
         ", " + payload["ranked"][1]["variant"] if payload["ranked"][1]["variant"] else ""

@@ -25,9 +25,9 @@ KIMI_EP8 = (
 LLAMA_VLLM = "vllm serve meta-llama/Llama-3.1-8B-Instruct"
 
 
-def _setup(command: str, gpus: str, *, text_prompts: bool = True):
+def _setup(command: str, gpus: str, *, text_prompts: bool = True, version: str | None = None):
     cluster = load_cluster(gpus)
-    checked = check_command(command, cluster=cluster)
+    checked = check_command(command, cluster=cluster, version=version)
     layout = checked.setup.layout
     memory = memory_ledger(checked.model, layout, cluster)
     assert memory.verdict == "ok"
@@ -38,6 +38,13 @@ def _setup(command: str, gpus: str, *, text_prompts: bool = True):
 @pytest.fixture(scope="module")
 def kimi():
     return _setup(KIMI_EP8, "8xrtx-pro-6000")
+
+
+@pytest.fixture(scope="module")
+def kimi_share():
+    """SGLang 0.5.21: the last release that holds back only a decaying share of the running requests' output for
+    requests that run to their length (from 0.5.22 it holds all of it): it admits past the pool, then evicts."""
+    return _setup(KIMI_EP8, "8xrtx-pro-6000", version="0.5.21")
 
 
 @pytest.fixture(scope="module")
@@ -271,11 +278,11 @@ def test_a_burst_lasts_as_long_as_its_longest_request(kimi_ids):
     assert tail.output_tok_s < 0.6 * even.output_tok_s
 
 
-def test_kv_capacity_makes_a_plateau_and_a_queue(kimi):
+def test_kv_capacity_makes_a_plateau_and_a_queue(kimi_share):
     """EP8 at --mem-fraction-static 0.85 with CUDA graphs off holds 46 requests of 1024 + 1024 tokens. Beyond
     that, throughput stays flat,
     time to first token grows with the queue, and Little's law holds: requests per second = C / mean e2e."""
-    steps, memory, _ = kimi
+    steps, memory, _ = kimi_share
     cap = memory.max_concurrency(isl=1024, osl=1024)
     assert cap == 46
     runs = {c: simulate(steps, memory, closed(c, 4 * c)) for c in (8, 64, 128, 256)}
@@ -290,9 +297,70 @@ def test_kv_capacity_makes_a_plateau_and_a_queue(kimi):
     assert runs[8].retractions == 0 and runs[256].retractions > 0
 
 
-def test_the_pool_is_never_overfilled(kimi):
+def test_requests_that_run_to_their_length_are_never_evicted_once_the_engine_holds_their_whole_output():
+    """EP8 at 256 clients, far past the 46 requests its pool holds to their length from their start. Holding back
+    a decaying share of the running requests' output, SGLang 0.5.21 admits past that, then evicts. From 0.5.22 it
+    holds the whole of it for requests that ignore EOS (each of these does): no more than 46 run, and none is
+    evicted. With the prefix cache off it admits one only if the pool holds every request to its length as they
+    end, which counts what each has already written: a 47th fits beside requests part way through, and again none
+    is evicted."""
+    runs = {}
+    for flags, version in (("", "0.5.21"), ("", "0.5.22"), ("--disable-radix-cache", "0.5.21")):
+        steps, memory, _ = _setup(f"{KIMI_EP8} {flags}", "8xrtx-pro-6000", version=version)
+        runs[flags, version] = simulate(steps, memory, closed(256, 512))
+    cap = memory.max_concurrency(isl=1024, osl=1024)
+    share, whole, to_length = runs.values()
+    assert share.retractions > 0 and share.peak_running > cap + 5
+    assert whole.retractions == 0 and whole.peak_running == cap
+    assert to_length.retractions == 0 and cap <= to_length.peak_running <= cap + 1
+
+
+def _admission_state(flags: str, version: str, running_osl: float):
+    """Two running requests of 20 prompt tokens with 10 output tokens each (30 held apiece) and a third of 10
+    prompt tokens and 20 output tokens waiting, in a pool of 200 tokens, the decaying share at its floor (0.098)."""
+    _, _, run = _prefill_run(flags, version, 16, requests=3)
+    run.sim.pool = 200
+    run.isl = np.array([20, 20, 10])
+    run.osl = np.array([running_osl, running_osl, 20.0])
+    run.gen = np.array([10.0, 10.0, 0.0])
+    run.need = run.isl.astype(float)
+    run.done_prefill = np.array([20.0, 20.0, 0.0])
+    run.ratio = 0.098
+    rank = run.ranks[0]
+    rank.running, rank.held = [0, 1], 60.0
+    return run, rank
+
+
+@pytest.mark.parametrize(
+    ("flags", "version", "running_osl", "fresh", "admitted"),
+    [
+        # the decaying share: 10 + 20 = 30 tokens needed, 200 - 60 - 0.098 × (100 + 100) = 120.4 free of it
+        ("", "0.5.21", 110.0, [], True),
+        # ... but two admitted earlier in the same prefill batch are held back whole: 200 - 60 - 200 < 30
+        ("", "0.5.21", 110.0, [0, 1], False),
+        # the whole remaining output held: 200 - 60 - 200 < 30
+        ("", "0.5.22", 110.0, [], False),
+        # prefix cache off: the prompt fits (10 <= 120.4), and with it 130 tokens are free; by tokens left the new
+        # request (20, holding 10) ends first, needing 3 × 20 = 60 < 130 - 3; then the two running ones (100 left
+        # each) need 2 × 100 = 200 against 130 + 10 freed: refused
+        ("--disable-radix-cache", "0.5.12", 110.0, [], False),
+        # ... with 50 left each: 60 < 127, then 2 × 50 = 100 < 140 - 2, then 50 < 170 - 1: admitted
+        ("--disable-radix-cache", "0.5.12", 60.0, [], True),
+    ],
+)
+def test_sglang_admission_by_hand(flags, version, running_osl, fresh, admitted):
+    """SGLang's PrefillAdder (schedule_policy.py): add_one_req holds back the running requests' remaining output at
+    the decaying share (0.5.21) or, for requests that ignore EOS, whole (0.5.22 on,
+    _get_running_request_total_token_offset); add_one_req_ignore_eos, with the prefix cache off, walks the requests
+    by the tokens each has left; a request admitted earlier in the same prefill batch is held back whole
+    (_update_prefill_budget)."""
+    run, rank = _admission_state(flags, version, running_osl)
+    assert run._admissible(rank, 2, fresh, []) is admitted
+
+
+def test_the_pool_is_never_overfilled(kimi_share):
     """KV held per rank, kept up to date at every change, matches a recount and never exceeds the pool."""
-    steps, memory, _ = kimi
+    steps, memory, _ = kimi_share
     sim = Simulation(steps, memory)
     workload = WorkloadSpec(
         input=Lengths.sglang_random(2048, 0.2), output=Lengths.sglang_random(1024, 0.2), num_requests=300,

@@ -97,6 +97,25 @@ class SchedulerPolicy(Frozen):
         "next); vLLM does not schedule a request whose step in flight reaches its max_tokens "
         "(v1/core/sched/scheduler.py, 0.33 and 0.34)",
     )
+    holds_whole_output: bool = Field(
+        False,
+        description="a running request that ignores EOS (each simulated request ends at its output length, as the "
+        "benchmarks' requests do) is held back at its whole remaining output, up to reserve_clip_tokens, not at the "
+        "decaying share (SGLang from 0.5.22: PrefillAdder._get_running_request_total_token_offset)",
+    )
+    admits_to_length: bool = Field(
+        False,
+        description="with the prefix cache off, a request that ignores EOS is admitted when its prompt fits beside "
+        "the running requests' reserve and the pool then holds it and every running request to their full lengths "
+        "as they end, the fewest tokens left first, one token each to spare (SGLang PrefillAdder."
+        "add_one_req_ignore_eos under tree_cache.disable, 0.5.2 to 0.5.23; not with a sliding-window pool)",
+    )
+    admission_page_tokens: int = Field(
+        0,
+        ge=0,
+        description="tokens a request admitted to its length is charged beyond its prompt: one KV page from SGLang "
+        "0.5.21 (PrefillAdder.per_req_token_overhead)",
+    )
 
 
 class WindowPool(Frozen):

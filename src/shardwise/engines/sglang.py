@@ -32,7 +32,7 @@ DRAFT_KINDS = {
     "NGRAM": "lookup",
 }
 
-V0522, V0523 = Version("0.5.22"), Version("0.5.23")
+V0521, V0522, V0523 = Version("0.5.21"), Version("0.5.22"), Version("0.5.23")
 V055, V057, V058, V0511, V0513, V0514 = (Version(v) for v in ("0.5.5", "0.5.7", "0.5.8", "0.5.11", "0.5.13", "0.5.14"))
 
 
@@ -325,6 +325,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
             draft_model=f.get("speculative_draft_model_path"),
         )
     chunk = f["chunked_prefill_size"] if f["chunked_prefill_size"] > 0 else None  # <= 0: chunked prefill off
+    windows = window_pool(f, model)
     options = EngineOptions(
         cuda_graph=f["cuda_graph"],
         cuda_graph_max_bs=f["cuda_graph_max_bs"] if f["cuda_graph"] else None,
@@ -343,7 +344,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         memory_fraction_of="free_at_start",
         prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),
         page_size=f["page_size"],
-        window_pool=window_pool(f, model),
+        window_pool=windows,
         spec=spec,
         scheduler=_scheduler(
             bool(f.get("enable_mixed_chunk")) and chunk is not None,  # mixing needs chunked prefill (is_mixed_chunk)
@@ -351,6 +352,9 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
             f["max_prefill_tokens"],
             (version < V0513 or chunk is None) and not f.get("disable_radix_cache"),
             version >= V0523,
+            version >= V0522,
+            bool(f.get("disable_radix_cache")) and windows is None,
+            f["page_size"] if version >= V0521 else 0,
         ),
     )
     return Layout(
@@ -377,7 +381,14 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
 
 @cache
 def _scheduler(
-    mixed_batches: bool, poll_decode_steps: int, max_prefill_tokens: int, whole_prompts: bool, budget_first: bool
+    mixed_batches: bool,
+    poll_decode_steps: int,
+    max_prefill_tokens: int,
+    whole_prompts: bool,
+    budget_first: bool,
+    holds_whole_output: bool,
+    admits_to_length: bool,
+    admission_page_tokens: int,
 ) -> SchedulerPolicy:
     """SGLang's scheduler policy (one object per setting for every layout: a search holds thousands)."""
     table = flag_table("sglang").scheduler
@@ -387,6 +398,9 @@ def _scheduler(
         "max_prefill_tokens": max_prefill_tokens,
         "whole_prompts": whole_prompts,
         "budget_first": budget_first,
+        "holds_whole_output": holds_whole_output,
+        "admits_to_length": admits_to_length,
+        "admission_page_tokens": admission_page_tokens,
     }
     return SchedulerPolicy(**{**table, **own})
 

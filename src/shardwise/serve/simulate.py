@@ -126,6 +126,7 @@ class Simulation:
         self.reads = reads(layout)
         self.tau = steps.tokens
         self.verify = steps.plan.verify_tokens if steps.plan else 1
+        self.micro = max(1, layout.pp)  # a pipeline's scheduler admits for one micro-batch at a time
 
     def run(self, workload: WorkloadSpec, *, progress: Callable[[int], None] | None = None) -> ServeResult:
         if self.memory.verdict != "ok":
@@ -273,18 +274,58 @@ class _Run:
         kv = self._kv(ids)
         return float(np.sum(self._charge(kv + tokens) - self._charge(kv)))
 
-    def _reserved(self, rank: _Rank) -> float:
-        if not rank.running or not self.ratio:
+    def _reserved(self, rank: _Rank, fresh: list[int]) -> float:
+        """The running requests' output held back from an admission: their share of it (whole for requests that
+        ignore EOS from SGLang 0.5.22), and the whole of it for the requests admitted earlier in the same prefill
+        batch (`fresh`: PrefillAdder._update_prefill_budget), each up to the clip. A pipeline's scheduler forms each
+        micro-batch's prefill against that micro-batch's running requests alone (SGLang scheduler_pp_mixin.py),
+        about one in `micro` of them. An engine that holds nothing back (vLLM) holds back nothing."""
+        p = self.sim.policy
+        if not p.reserve_ratio_start:
             return 0.0
-        left = np.minimum(self.osl[rank.running] - self.gen[rank.running], self.sim.policy.reserve_clip_tokens)
-        return float(left.sum()) * self.ratio
+        ratio = 1.0 if p.holds_whole_output else self.ratio
+        ids = [j for j in rank.running[:: self.sim.micro] if j not in fresh]
+        return self._left(ids) * ratio + self._left(fresh)
 
-    def _admissible(self, rank: _Rank, i: int) -> bool:
+    def _left(self, ids: list[int]) -> float:
+        """These requests' remaining output, each up to the scheduler's clip."""
+        if not ids:
+            return 0.0
+        return float(np.minimum(self.osl[ids] - self.gen[ids], self.sim.policy.reserve_clip_tokens).sum())
+
+    def _admissible(self, rank: _Rank, i: int, fresh: list[int], walk: list[int]) -> bool:
+        """Whether request i joins this prefill batch: `fresh`, the requests the batch admitted before it; `walk`,
+        the order in which the scheduler walks the requests to their ends this batch (`_holds_to_length`)."""
         p = self.sim.policy
         if len(rank.running) + (rank.chunked is not None) >= self.sim.slots:
             return False
+        room = self.sim.pool - rank.held - self._reserved(rank, fresh)
+        if p.admits_to_length:  # its prompt beside the running requests' reserve, then every request to its length
+            # with a page for it and for each request the batch admitted before it (PrefillBudget.reserve)
+            prompt = self._charge(self.need[i]) + p.admission_page_tokens * (1 + len(fresh))
+            return bool(prompt <= room) and self._holds_to_length(rank, i, prompt, walk)
         reserve = min(self.osl[i] - self.gen[i], p.reserve_clip_tokens) if p.reserve_ratio_start else 0.0
-        return self._charge(self.need[i] + reserve) <= self.sim.pool - rank.held - self._reserved(rank)
+        return bool(self._charge(self.need[i] + reserve) <= room)
+
+    def _holds_to_length(self, rank: _Rank, i: int, prompt: float, walk: list[int]) -> bool:
+        """Whether, with request i's `prompt` tokens in the pool, the pool holds i and every running request to its
+        full length as they end: the requests in `walk`'s order, the k-th of n needing (n − k) × its tokens left,
+        one token each to spare, beyond what is free and what the ones before it freed (SGLang
+        add_one_req_ignore_eos: a request's tokens left as its whole remaining output, what it frees as its prompt
+        and output). The scheduler keeps the order through a prefill batch: sorted by tokens left the first time it
+        asks (the request asked first among equals), then each later request put in before the first with at least
+        as many tokens left, or where none has, before the last (add_req_state's insert)."""
+        if not walk:
+            first = [i, *rank.running[:: self.sim.micro], *([rank.chunked] if rank.chunked is not None else [])]
+            walk.extend(np.asarray(first)[np.argsort(self.osl[first] - self.gen[first], kind="stable")].tolist())
+        else:
+            ahead = np.flatnonzero(self.osl[i] - self.gen[i] <= self.osl[walk] - self.gen[walk])
+            walk.insert(int(ahead[0]) if len(ahead) else len(walk) - 1, i)
+        left, occupied = self.osl[walk] - self.gen[walk], self.isl[walk] + self.gen[walk]
+        ending = len(walk) - np.arange(len(walk))  # requests still running when each ends
+        freed = np.concatenate(([0.0], np.cumsum(occupied)[:-1]))
+        free = self.sim.pool - rank.held - prompt
+        return bool(np.all(free + freed - left * ending > ending))
 
     # --- one step with prefill ----------------------------------------------------------------------------
 
@@ -302,12 +343,14 @@ class _Run:
             chunk -= len(rank.running) * self.sim.verify
             budget -= len(rank.running) * self.sim.verify
         batch: list[tuple[int, float]] = []
+        fresh: list[int] = []  # the requests this batch admits from the queue
+        walk: list[int] = []  # the order the scheduler walks requests to their ends in, kept through the batch
         asked = policy.budget_first  # whether the budget is asked before the next waiting request
         candidates = [rank.chunked] if rank.chunked is not None else []
         while chunk >= 1:
             if candidates:
                 i = candidates.pop()
-            elif rank.waiting and self._admissible(rank, rank.waiting[0]):
+            elif rank.waiting and self._admissible(rank, rank.waiting[0], fresh, walk):
                 if asked and budget <= 0:
                     break  # the prefill budget is spent
                 i = rank.waiting[0]
@@ -318,6 +361,7 @@ class _Run:
                 if batch and policy.whole_prompts and self.need[i] - self.done_prefill[i] >= budget:
                     break  # its whole prompt does not fit what is left of the prefill budget
                 rank.waiting.popleft()
+                fresh.append(i)
                 rank.chunked = i  # held while its prefill is under way
                 asked = True  # the engine asks the budget after each request it adds
             else:

@@ -20,7 +20,10 @@ batches ahead of its own (TTFT = (W + one batch) / 2 on average) and the rest of
 between its first and second token: TPOT = decode_cycle + (W − TTFT) / (osl − 1). Throughput is the same. Text
 prompts reach the scheduler one front-end tokenising apart (serve/simulate): the wave's first is prefilled alone,
 the rest after it (W = one prefill + the rest's wave), which throughput and TTFT take in. When more clients wait
-than the KV pool holds, they are admitted one by one as room frees up: no waves.
+than the KV pool holds, they are admitted one by one as room frees up: no waves. Unless the engine holds each
+running request's whole remaining output as it admits (SGLang from 0.5.22 for requests that ignore EOS, outputs up to
+its 4096-token clip, or with the prefix cache off) and admits for all of them at once (not a pipeline's per
+micro-batch): then it never admits past the pool, the wave that ends frees the room of a wave, and waves go on.
 
 Decode-only (prompts already in the KV cache, as decode benchmarks run): no prefills, every token from a cycle,
 output_tok_s = running / decode_cycle and TPOT = decode_cycle.
@@ -183,7 +186,7 @@ class Predictor:
         steps = max(1, osl - 1)
         cycles = osl if decode_only else osl - 1
         wave = running * per_request  # the prefills of one round
-        if decode_only or self._mixed or queued:
+        if decode_only or self._mixed or (queued and not self._refills_waves(osl)):
             # prefills spread between every request's tokens: the engine mixes them in, or requests queue for KV
             # room and are admitted one by one as it frees up
             first, between = alone, (running - 1) * per_request
@@ -204,6 +207,16 @@ class Predictor:
         breakdown = {**parts, "prefill": between / steps}
         bound = max(breakdown, key=breakdown.__getitem__)
         return _Running(throughput, tpot, first, breakdown, bound, cycle, tokens, wait)
+
+    def _refills_waves(self, osl: int) -> bool:
+        """Whether, past the KV pool, the engine admits no more than the pool holds to the requests' lengths, so the
+        wave that ends makes room for one wave (SGLang holds the whole remaining output of every running request from
+        0.5.22, up to its clip; with the prefix cache off it walks them to their ends). A pipeline's scheduler admits
+        for one micro-batch at a time, against its own running requests alone (scheduler_pp_mixin.py): it admits past
+        the pool across micro-batches, as an optimistic reserve does."""
+        p = self.layout.options.scheduler
+        holds = p.admits_to_length or (p.holds_whole_output and osl <= p.reserve_clip_tokens)
+        return holds and self.layout.pp == 1
 
     def _splits(self, running: int, isl: int, osl: int) -> bool:
         """Whether a round's text prompts reach the scheduler apart: the front end hands them over one tokenising
