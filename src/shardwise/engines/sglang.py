@@ -347,14 +347,14 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         window_pool=windows,
         spec=spec,
         scheduler=_scheduler(
-            bool(f.get("enable_mixed_chunk")) and chunk is not None,  # mixing needs chunked prefill (is_mixed_chunk)
-            max(1, f["scheduler_recv_interval"]),
-            f["max_prefill_tokens"],
-            (version < V0513 or chunk is None) and not f.get("disable_radix_cache"),
-            version >= V0523,
-            version >= V0522,
-            bool(f.get("disable_radix_cache")) and windows is None,
-            f["page_size"] if version >= V0521 else 0,
+            mixed_batches=bool(f.get("enable_mixed_chunk")) and chunk is not None,  # needs chunked prefill
+            poll_decode_steps=max(1, f["scheduler_recv_interval"]),
+            max_prefill_tokens=f["max_prefill_tokens"],
+            whole_prompts=(version < V0513 or chunk is None) and not f.get("disable_radix_cache"),
+            budget_first=version >= V0523,
+            holds_whole_output=version >= V0522,
+            admits_to_length=bool(f.get("disable_radix_cache")) and windows is None,
+            admission_page_tokens=f["page_size"] if version >= V0521 else 0,
         ),
     )
     return Layout(
@@ -380,29 +380,10 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
 
 
 @cache
-def _scheduler(
-    mixed_batches: bool,
-    poll_decode_steps: int,
-    max_prefill_tokens: int,
-    whole_prompts: bool,
-    budget_first: bool,
-    holds_whole_output: bool,
-    admits_to_length: bool,
-    admission_page_tokens: int,
-) -> SchedulerPolicy:
-    """SGLang's scheduler policy (one object per setting for every layout: a search holds thousands)."""
-    table = flag_table("sglang").scheduler
-    own = {
-        "mixed_batches": mixed_batches,
-        "poll_decode_steps": poll_decode_steps,
-        "max_prefill_tokens": max_prefill_tokens,
-        "whole_prompts": whole_prompts,
-        "budget_first": budget_first,
-        "holds_whole_output": holds_whole_output,
-        "admits_to_length": admits_to_length,
-        "admission_page_tokens": admission_page_tokens,
-    }
-    return SchedulerPolicy(**{**table, **own})
+def _scheduler(**own: Any) -> SchedulerPolicy:
+    """SGLang's scheduler policy: the release's table with this command's settings (`SchedulerPolicy`'s fields), one
+    object per setting for every layout (a search holds thousands)."""
+    return SchedulerPolicy(**{**flag_table("sglang").scheduler, **own})
 
 
 def _dcp_comm(f: dict[str, Any]) -> dict[str, Any]:
