@@ -302,3 +302,40 @@ def test_a_table_priced_mlp_adds_its_untimed_activation_kernel():
     gemm_s = sum(grid.time_s(32, g.n, g.k)[0] * g.share for g in shapes)  # type: ignore[index]
     per_layer = gemm_s + overheads().kernel_gpu.si("s")
     assert mlp.time_s == pytest.approx(mlp.count * per_layer, rel=1e-9)
+
+
+# aiter v0.1.7.post1 aiter/configs/a8w8_blockscale_tuned_gemm.csv, cu_num 304 (MI300X, MI325X): DeepSeek's o_proj at
+# TP8 (N 7168, K 2048) and q_b (N 3072, K 1536), the tuner's `us` at M tokens
+AITER_MI300X_US = {(16, 7168, 2048): 8.4152, (64, 7168, 2048): 11.4514, (1024, 7168, 2048): 58.8708,
+                   (16, 3072, 1536): 6.3665}  # fmt: skip
+MI300X_TP8 = "python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1-0528 --tp 8 --trust-remote-code"
+
+
+def test_the_shipped_amd_gemm_grid_is_aiters_tuned_rows_for_the_releases_that_run_them():
+    """SGLang runs aiter's CK block-FP8 GEMM through 0.5.5.post3 and aiter's Triton kernel from 0.5.6, which no table
+    times; MI325X has MI300X's 304 CUs, by which aiter keys its kernels."""
+    for gpu in ("mi300x", "mi325x"):
+        grid = gemm_grid(gpu, "sglang", "0.5.2", "fp8-block")
+        assert (
+            grid is not None and "aiter v0.1.7.post1" in grid.source and "aiter_ck_gemm_a8w8_blockscale" in grid.source
+        )
+        for (m, n, k), us in AITER_MI300X_US.items():
+            assert grid.time_s(m, n, k) == (pytest.approx(us / 1e6, rel=1e-9), False)
+        # fewer tokens than its least measured M: the 16-token time (tiles of 16 rows), flagged
+        assert grid.time_s(4, 7168, 2048) == (pytest.approx(8.4152e-6, rel=1e-9), True)
+    assert gemm_grid("mi300x", "sglang", "0.5.5.post3", "fp8-block") is not None
+    assert gemm_grid("mi300x", "sglang", "0.5.6", "fp8-block") is None  # aiter's Triton GEMM: untimed
+    assert gemm_grid("mi300x", "vllm", "0.11.0", "fp8-block") is None
+    assert gemm_grid("mi300x", "sglang", "0.5.2", "bf16") is None  # only block-FP8 rows
+
+
+def test_an_amd_decode_step_prices_its_block_fp8_projections_from_aiters_table_on_the_releases_that_run_them():
+    cluster = load_cluster("8xmi300x")
+    checked = check_command(MI300X_TP8, cluster=cluster, version="0.5.2")
+    step = StepTimes(checked.model, checked.setup.layout, cluster).decode(16, 2048).step
+    o_proj = {op.name: op for op in step.ops if op.op_class.value == "gemm"}["attn.o"]
+    assert o_proj.measured and "aiter v0.1.7.post1" in o_proj.measured
+    assert o_proj.time_s == pytest.approx(o_proj.count * AITER_MI300X_US[(16, 7168, 2048)] / 1e6, rel=1e-6)
+    later = check_command(MI300X_TP8, cluster=cluster, version="0.5.9")
+    step = StepTimes(later.model, later.setup.layout, cluster).decode(16, 2048).step
+    assert all(op.measured is None for op in step.ops if op.op_class.value == "gemm")

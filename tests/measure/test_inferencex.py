@@ -172,17 +172,18 @@ def checked():
 # inferencex). A change that makes any of them worse by more than five points fails; one that makes them better
 # should lower the figure here and in the README.
 STATED = {
-    "all": {"output_tok_s": 0.15, "tpot_ms": 0.15, "ttft_ms": 0.36},
+    "all": {"output_tok_s": 0.15, "tpot_ms": 0.13, "ttft_ms": 0.34},
     "split: training": {"output_tok_s": 0.14, "tpot_ms": 0.13, "ttft_ms": 0.34},
-    "split: held-out": {"output_tok_s": 0.16, "tpot_ms": 0.16, "ttft_ms": 0.37},
+    "split: held-out": {"output_tok_s": 0.15, "tpot_ms": 0.13, "ttft_ms": 0.36},
     "GPU: b200": {"output_tok_s": 0.08, "tpot_ms": 0.08, "ttft_ms": 0.24},
     "GPU: b300": {"output_tok_s": 0.08, "tpot_ms": 0.09, "ttft_ms": 0.21},
-    "GPU: mi300x": {"output_tok_s": 0.53, "tpot_ms": 0.33, "ttft_ms": 0.48},
-    "GPU: mi325x": {"output_tok_s": 0.51, "tpot_ms": 0.32, "ttft_ms": 0.36},
+    "GPU: mi300x": {"output_tok_s": 0.43, "tpot_ms": 0.29, "ttft_ms": 0.46},
+    "GPU: mi325x": {"output_tok_s": 0.44, "tpot_ms": 0.29, "ttft_ms": 0.33},
     "GPU: mi355x": {"output_tok_s": 0.18, "tpot_ms": 0.17, "ttft_ms": 0.37},
-    "kernel tables: measured": {"output_tok_s": 0.08, "tpot_ms": 0.09, "ttft_ms": 0.24},
-    "kernel tables: none": {"output_tok_s": 0.29, "tpot_ms": 0.26, "ttft_ms": 0.40},
-    "family: sglang TP": {"output_tok_s": 0.21, "tpot_ms": 0.20, "ttft_ms": 0.38},
+    "kernel tables: most": {"output_tok_s": 0.08, "tpot_ms": 0.09, "ttft_ms": 0.24},
+    "kernel tables: part": {"output_tok_s": 0.30, "tpot_ms": 0.22, "ttft_ms": 0.38},
+    "kernel tables: none": {"output_tok_s": 0.22, "tpot_ms": 0.26, "ttft_ms": 0.38},
+    "family: sglang TP": {"output_tok_s": 0.18, "tpot_ms": 0.18, "ttft_ms": 0.37},
     "family: sglang TP EP": {"output_tok_s": 0.07, "tpot_ms": 0.08, "ttft_ms": 0.17},
 }
 SLACK = 0.05
@@ -272,7 +273,7 @@ def test_each_point_beyond_the_stated_accuracy_names_only_what_its_measurement_s
     assert sum("another release" in found for found in names.values()) == OTHER_RELEASE_POINTS
 
 
-OTHER_RELEASE_POINTS = 13  # as the README states them
+OTHER_RELEASE_POINTS = 14  # as the README states them
 
 
 def test_the_bundled_family_errors_are_those_validate_finds_now(checked):

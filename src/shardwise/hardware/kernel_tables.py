@@ -10,7 +10,9 @@ GEMMs over (tokens, n, k). Lookups interpolate log-log between measured points; 
 linearly from it (flagged as extrapolated), except a windowed attention's length, which a window caps, and a
 prompt's length, whose attention grows as its square. Only the row set a run asks for is read, once per
 process; it is kept under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
-A folder of the user's own measurements in the same layout ($SHARDWISE_KERNEL_TABLES) is looked up first.
+A folder of the user's own measurements in the same layout ($SHARDWISE_KERNEL_TABLES) is looked up first; tables
+shipped with shardwise in that layout (data/hardware/kernel-tables/: AMD's block-FP8 GEMMs, from aiter's tuner) last,
+for the engine releases that run the kernels they time.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from packaging.version import InvalidVersion, Version
@@ -54,11 +57,20 @@ class GemmTables(BaseModel):
     not_kernel_times: dict[str, list[str]] = {}  # framework → gemm_dtypes whose rows time more than the kernel
 
 
+class ShippedTables(BaseModel):
+    """Tables shipped with shardwise (under data/hardware/), for the engine releases that run the kernels they time."""
+
+    folder: str
+    label: str
+    releases: dict[str, tuple[str, str]]  # engine → (first, last) release these kernels run in
+
+
 class KernelTablesSpec(BaseModel):
     package: str
     version: str
     priced: list[str]  # op families priced from tables (the rest: the roofline)
     systems: dict[str, str]
+    shipped: ShippedTables
     moe: MoETables
     mla_decode: DecodeTables
     mla_prefill: DecodeTables
@@ -75,17 +87,34 @@ def spec() -> KernelTablesSpec:
 USER_TABLES = "SHARDWISE_KERNEL_TABLES"  # a folder of the user's own tables, read before the package's
 
 
-def _roots() -> list[tuple[str, Path, bool]]:
-    """Where tables are looked up, in order: (label, folder, whether its row sets are kept in the cache). The
-    user's own measurements first ($SHARDWISE_KERNEL_TABLES: a folder laid out as the package's data,
-    <system>/<family>/<framework>/<release>/<table>.parquet, with the same columns), then the pinned package's."""
+class _Root(NamedTuple):
+    """A folder of tables in the package's layout, <system>/<family>/<framework>/<release>/<table>.parquet."""
+
+    label: str
+    folder: Path
+    kept: bool  # whether its row sets are kept in the cache
+    releases: dict[str, tuple[str, str]] | None = None  # engine → the releases its tables serve (None: any)
+
+    def serves(self, engine: str, release: str) -> bool:
+        if self.releases is None:
+            return True
+        span = self.releases.get(engine)
+        return span is not None and Version(span[0]) <= Version(release) <= Version(span[1])
+
+
+def _roots() -> list[_Root]:
+    """Where tables are looked up, in order: the user's own measurements first ($SHARDWISE_KERNEL_TABLES, with the
+    package's columns), then the pinned package's, then those shipped with shardwise for the engine releases that
+    run the kernels they time (small: read afresh)."""
     roots = []
     user = os.environ.get(USER_TABLES)
     if user:
-        roots.append((f"user tables {user}", Path(user), False))
+        roots.append(_Root(f"user tables {user}", Path(user), kept=False))
     package = _package_root()
     if package is not None:
-        roots.append((f"{spec().package} {spec().version}", package, True))
+        roots.append(_Root(f"{spec().package} {spec().version}", package, kept=True))
+    shipped = spec().shipped
+    roots.append(_Root(shipped.label, data_dir() / shipped.folder, kept=False, releases=shipped.releases))
     return roots
 
 
@@ -299,12 +328,14 @@ def _row_sets(
     under the system, <family>/{framework}/{release}/<file>; `key` names the row set in the cache (the package's
     tables only)."""
     family = table.split("/", 1)[0]
-    for label, root, kept in _roots():
-        for table_release in _ordered(_releases(root, system, family, engine), release):
-            path = root / system / table.format(framework=engine, release=table_release)
-            rows = _rows(path, f"{key}-{system}-{engine}-{table_release}" if kept else None, columns, filters)
+    for root in _roots():
+        if not root.serves(engine, release):
+            continue
+        for table_release in _ordered(_releases(root.folder, system, family, engine), release):
+            path = root.folder / system / table.format(framework=engine, release=table_release)
+            rows = _rows(path, f"{key}-{system}-{engine}-{table_release}" if root.kept else None, columns, filters)
             if rows is not None:
-                yield label, table_release, rows
+                yield root.label, table_release, rows
 
 
 @cache
