@@ -12,7 +12,7 @@ v0.1.7.post1 they lack DeepSeek's o_proj and q_b shapes at TP8 and time the othe
 start at 1, so a decode batch under 16 finds no time for any of them.
 
     git -C aiter show v0.1.7.post1:aiter/configs/a8w8_blockscale_tuned_gemm.csv > tuned.csv
-    python scripts/aiter_gemm_tables.py tuned.csv src/shardwise/data/hardware/kernel-tables --release 0.5.5
+    python scripts/aiter_gemm_tables.py tuned.csv src/shardwise/data/hardware/kernel-tables --release 0.5.5.post3
 
 v0.1.7.post1 is the aiter SGLang 0.5.5.post3's ROCm images build (docker/rocm.Dockerfile AITER_COMMIT); the rows for
 DeepSeek-V3/R1's TP8 shapes are the same from v0.1.5 (2025-08-28, the 0.5.2 images') to v0.1.7.post1.
@@ -38,7 +38,7 @@ def tables(rows: list[dict[str, str]]) -> dict[str, pa.Table]:
     for row in rows:
         system = SYSTEMS.get(row["cu_num"])
         if system is not None and row.get("us"):
-            found[system].append((int(row["M"]), int(row["N"]), int(row["K"]), float(row["us"]) / 1e3))
+            found[system].append((int(row["M"]), int(row["N"]), int(row["K"]), float(row["us"]) / 1e3))  # ms
     return {
         system: pa.table(
             {

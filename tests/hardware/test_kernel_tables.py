@@ -323,10 +323,25 @@ def test_the_shipped_amd_gemm_grid_is_aiters_tuned_rows_for_the_releases_that_ru
             assert grid.time_s(m, n, k) == (pytest.approx(us / 1e6, rel=1e-9), False)
         # fewer tokens than its least measured M: the 16-token time (tiles of 16 rows), flagged
         assert grid.time_s(4, 7168, 2048) == (pytest.approx(8.4152e-6, rel=1e-9), True)
-    assert gemm_grid("mi300x", "sglang", "0.5.5.post3", "fp8-block") is not None
+    assert "(mi300x's, the same kernels) mi325x" in gemm_grid("mi325x", "sglang", "0.5.2", "fp8-block").source
+    assert gemm_grid("mi300x", "sglang", "0.5.5.post3", "fp8-block").release == "0.5.5.post3"
     assert gemm_grid("mi300x", "sglang", "0.5.6", "fp8-block") is None  # aiter's Triton GEMM: untimed
-    assert gemm_grid("mi300x", "vllm", "0.11.0", "fp8-block") is None
+    assert gemm_grid("mi300x", "sglang", "0.4.10.post1", "fp8-block") is None  # before the releases read
     assert gemm_grid("mi300x", "sglang", "0.5.2", "bf16") is None  # only block-FP8 rows
+    assert gemm_grid("mi355x", "sglang", "0.5.2", "fp8-block") is None  # its rows are left out
+
+
+def test_the_shipped_tables_serve_only_their_engines_releases_and_alias_only_there(tmp_path, monkeypatch):
+    """A folder that holds vLLM tables too still serves SGLang's releases alone; a user's own MI325X tables are
+    read as MI325X's, the alias being the shipped folder's."""
+    (shipped,) = [r for r in kernel_tables._roots() if r.releases is not None]
+    assert shipped.serves("sglang", "0.5.2") and shipped.serves("sglang", "0.5.5.post3")
+    assert not shipped.serves("sglang", "0.5.6") and not shipped.serves("sglang", "0.5.1")
+    assert not shipped.serves("vllm", "0.11.0") and not shipped.serves("trtllm", "1.0.0")
+    assert shipped.system("mi325x") == "mi300x" and shipped.system("mi300x") == "mi300x"
+    monkeypatch.setenv(kernel_tables.USER_TABLES, str(tmp_path))
+    (user,) = [r for r in kernel_tables._roots() if r.label.startswith("user tables")]
+    assert user.serves("vllm", "0.11.0") and user.system("mi325x") == "mi325x"
 
 
 def test_an_amd_decode_step_prices_its_block_fp8_projections_from_aiters_table_on_the_releases_that_run_them():

@@ -9,7 +9,8 @@ same for decode attention over (batch, KV length), MLA prefill attention over (p
 GEMMs over (tokens, n, k). Lookups interpolate log-log between measured points; beyond the last one they scale
 linearly from it (flagged as extrapolated), except a windowed attention's length, which a window caps, and a
 prompt's length, whose attention grows as its square. Only the row set a run asks for is read, once per
-process; it is kept under the user's cache (`cache_dir()`), so later runs read neither the table nor pyarrow.
+process; the package's are kept under the user's cache (`cache_dir()`), so later runs read neither the table nor
+pyarrow.
 A folder of the user's own measurements in the same layout ($SHARDWISE_KERNEL_TABLES) is looked up first; tables
 shipped with shardwise in that layout (data/hardware/kernel-tables/: AMD's block-FP8 GEMMs, from aiter's tuner) last,
 for the engine releases that run the kernels they time.
@@ -62,6 +63,7 @@ class ShippedTables(BaseModel):
 
     folder: str
     label: str
+    systems: dict[str, str] = {}  # system → the system whose shipped tables it reads (the same kernels run there)
     releases: dict[str, tuple[str, str]]  # engine → (first, last) release these kernels run in
 
 
@@ -94,18 +96,23 @@ class _Root(NamedTuple):
     folder: Path
     kept: bool  # whether its row sets are kept in the cache
     releases: dict[str, tuple[str, str]] | None = None  # engine → the releases its tables serve (None: any)
+    systems: dict[str, str] | None = None  # system → the one whose folder it reads here (None: its own)
 
     def serves(self, engine: str, release: str) -> bool:
+        """Whether this folder's tables time the kernels `release` of `engine` runs."""
         if self.releases is None:
             return True
         span = self.releases.get(engine)
         return span is not None and Version(span[0]) <= Version(release) <= Version(span[1])
 
+    def system(self, system: str) -> str:
+        return (self.systems or {}).get(system, system)
+
 
 def _roots() -> list[_Root]:
     """Where tables are looked up, in order: the user's own measurements first ($SHARDWISE_KERNEL_TABLES, with the
     package's columns), then the pinned package's, then those shipped with shardwise for the engine releases that
-    run the kernels they time (small: read afresh)."""
+    run the kernels they time (a few hundred rows: read afresh, pyarrow with them)."""
     roots = []
     user = os.environ.get(USER_TABLES)
     if user:
@@ -114,7 +121,11 @@ def _roots() -> list[_Root]:
     if package is not None:
         roots.append(_Root(f"{spec().package} {spec().version}", package, kept=True))
     shipped = spec().shipped
-    roots.append(_Root(shipped.label, data_dir() / shipped.folder, kept=False, releases=shipped.releases))
+    roots.append(
+        _Root(
+            shipped.label, data_dir() / shipped.folder, kept=False, releases=shipped.releases, systems=shipped.systems
+        )
+    )
     return roots
 
 
@@ -324,18 +335,20 @@ def _row_sets(
     filters: tuple[tuple[str, str, object], ...],
 ) -> Iterator[tuple[str, str, dict[str, np.ndarray]]]:
     """(label, table release, rows) of every table that could hold a shape, in the order they are tried: the
-    user's folder first, then the package's; in each, the releases `_ordered` names. `table` is the file's path
-    under the system, <family>/{framework}/{release}/<file>; `key` names the row set in the cache (the package's
-    tables only)."""
+    user's folder first, then the package's, then the shipped ones where they serve the release; in each, the
+    releases `_ordered` names. `table` is the file's path under the system, <family>/{framework}/{release}/<file>;
+    `key` names the row set in the cache (the package's tables only)."""
     family = table.split("/", 1)[0]
     for root in _roots():
         if not root.serves(engine, release):
             continue
-        for table_release in _ordered(_releases(root.folder, system, family, engine), release):
-            path = root.folder / system / table.format(framework=engine, release=table_release)
+        read = root.system(system)
+        label = root.label if read == system else f"{root.label} ({read}'s, the same kernels)"
+        for table_release in _ordered(_releases(root.folder, read, family, engine), release):
+            path = root.folder / read / table.format(framework=engine, release=table_release)
             rows = _rows(path, f"{key}-{system}-{engine}-{table_release}" if root.kept else None, columns, filters)
             if rows is not None:
-                yield root.label, table_release, rows
+                yield label, table_release, rows
 
 
 @cache

@@ -423,9 +423,9 @@ def validated_csv(checked: list[Checked]) -> str:
 
 
 def tables_of(c: Checked) -> str:
-    """How much of the row's decode step measured kernel tables price: 'most' (half its time or more: the NVIDIA
-    GPUs, whose tables time the MoE, attention and GEMMs), 'part' (less: the AMD images whose block-FP8 GEMMs
-    aiter's tuner timed, the rest at the roofline) or 'none' (every op at its roofline bound)."""
+    """How much of the row's decode step measured kernel tables price: 'most' (half its time or more, as where the
+    MoE, attention and GEMMs are timed), 'part' (less, as where only the GEMMs are) or 'none' (every op at its
+    roofline bound)."""
     share = (c.coverage or {}).get("measured_share", 0.0)
     return "most" if share >= 0.5 else "part" if share > 0 else "none"
 
