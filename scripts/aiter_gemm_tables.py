@@ -15,7 +15,8 @@ start at 1, so a decode batch under 16 finds no time for any of them.
     python scripts/aiter_gemm_tables.py tuned.csv src/shardwise/data/hardware/kernel-tables --release 0.5.5.post3
 
 v0.1.7.post1 is the aiter SGLang 0.5.5.post3's ROCm images build (docker/rocm.Dockerfile AITER_COMMIT); the rows for
-DeepSeek-V3/R1's TP8 shapes are the same from v0.1.5 (2025-08-28, the 0.5.2 images') to v0.1.7.post1.
+DeepSeek-V3/R1's TP8 shapes are the same in every release from v0.1.5 (2025-08-28, before the 0.5.2 images of
+2025-09-15, whose own pin is not published) to v0.1.7.post1.
 """
 
 from __future__ import annotations
@@ -61,9 +62,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("root", type=Path, help="the kernel-tables folder to write under")
     parser.add_argument("--release", required=True, help="the SGLang release whose images ran these kernels")
     args = parser.parse_args(argv)
-    with args.tuned_csv.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    for system, table in tables(rows).items():
+    try:
+        with args.tuned_csv.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        found = tables(rows)
+    except (OSError, KeyError, ValueError) as exc:
+        print(
+            f"{args.tuned_csv}: not an aiter tuned-GEMM CSV shardwise can read ({exc!r}); it needs the columns "
+            "cu_num, M, N, K and us, as aiter/configs/a8w8_blockscale_tuned_gemm.csv has",
+            file=sys.stderr,
+        )
+        return 2
+    for system, table in found.items():
         folder = args.root / system / "gemm" / "sglang" / args.release
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, folder / "gemm_perf.parquet")

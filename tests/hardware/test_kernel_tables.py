@@ -332,8 +332,9 @@ def test_the_shipped_amd_gemm_grid_is_aiters_tuned_rows_for_the_releases_that_ru
 
 
 def test_the_shipped_tables_serve_only_their_engines_releases_and_alias_only_there(tmp_path, monkeypatch):
-    """A folder that holds vLLM tables too still serves SGLang's releases alone; a user's own MI325X tables are
-    read as MI325X's, the alias being the shipped folder's."""
+    """The shipped folder serves SGLang's releases 0.5.2 to 0.5.5.post3 alone, whatever engines' folders it held; a
+    user's own folder serves every release, and reads MI325X's tables as MI325X's (the alias is the shipped
+    folder's)."""
     (shipped,) = [r for r in kernel_tables._roots() if r.releases is not None]
     assert shipped.serves("sglang", "0.5.2") and shipped.serves("sglang", "0.5.5.post3")
     assert not shipped.serves("sglang", "0.5.6") and not shipped.serves("sglang", "0.5.1")
