@@ -70,6 +70,50 @@ def test_eager_host_time_is_one_launch_per_kernel():
     assert graphed.stages[0].host_s == pytest.approx(overheads().graph_launch_cpu.si("s"))
 
 
+def test_sglangs_eager_deepseek_forward_takes_the_host_time_measured():
+    """SGL12160: DeepSeek-V3 prefilling one new token in SGLang, eager, logged 82.64 ms of forward time against 23.10
+    ms under a CUDA graph. The figure per kernel is that time over the kernels counted here: if the ops listed for
+    the forward change, this recount says the figure must be derived again."""
+    cluster = load_cluster("8xh200")
+    checked = check_command(
+        "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp 8", cluster=cluster, version="0.5.3"
+    )
+    step = StepCostModel.of(checked.model, checked.setup.layout, cluster).step(phase=Phase.PREFILL, requests=1)
+    assert step.stages[0].host_s == pytest.approx(82.64e-3, rel=2e-3)
+    assert step.time_s == pytest.approx(82.64e-3, rel=2e-3)  # host-bound: its GPU work takes a fraction of it
+
+
+def test_an_eager_prefill_costs_its_measured_launches_and_decode_the_generic_ones():
+    """The measured figure is SGLang's DeepSeek prefill's; its decode, other families and other engines launch at the
+    generic cost (the user's eager EP8 decode of Kimi K2.6, 15.3 ms a step, allows no more)."""
+    oh = overheads()
+    assert oh.eager_prefill_kernel_s("sglang", "deepseek") == pytest.approx(47.4e-6)
+    assert (
+        oh.eager_prefill_kernel_s("vllm", "deepseek") is None and oh.eager_prefill_kernel_s("sglang", "llama") is None
+    )
+    costs = _costs("--tp 8 --ep 8 --disable-cuda-graph")
+    decode = costs.step(phase=Phase.DECODE, requests=1, context_tokens=1024)
+    prefill = costs.step(phase=Phase.PREFILL, requests=1, new_tokens=1024)
+    assert decode.stages[0].host_s == pytest.approx(sum(c.kernels for c in decode.ops) * 8e-6)
+    assert prefill.stages[0].host_s == pytest.approx(sum(c.kernels for c in prefill.ops) * 47.4e-6)
+    assert 1 / decode.time_s > 50  # the user measured 65.3 tok/s at one request
+
+
+def test_a_prefill_under_sglangs_piecewise_graph_costs_the_host_one_replay():
+    cluster = load_cluster("8xb200")
+    checked = check_command(
+        "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1-0528 --tp 8",
+        cluster=cluster,
+        version="0.5.12",
+    )
+    costs = StepCostModel.of(checked.model, checked.setup.layout, cluster)
+    graphed = costs.step(phase=Phase.PREFILL, requests=2, new_tokens=1024)  # 2048 tokens: the graph's most
+    eager = costs.step(phase=Phase.PREFILL, requests=2, new_tokens=1025)
+    assert graphed.stages[0].host_s == pytest.approx(overheads().graph_launch_cpu.si("s"))
+    kernels = sum(c.kernels for c in eager.ops)
+    assert eager.stages[0].host_s == pytest.approx(kernels * overheads().eager_prefill_kernel_s("sglang", "deepseek"))
+
+
 def test_parts_add_up_to_the_step(tp8):
     for batch in (1, 64):
         step = tp8.step(phase=Phase.DECODE, requests=batch, context_tokens=2048)

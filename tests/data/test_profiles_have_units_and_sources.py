@@ -29,6 +29,7 @@ DIMENSIONS = {
     "deepep_buffers": "bytes",
     "vlm_cache": "bytes",
     "eager_kernel_cpu": "s",
+    "eager_prefill_kernel_cpu": "s",
     "kernel_gpu": "s",
     "graph_launch_cpu": "s",
     "scheduler_step_cpu": "s",
@@ -41,11 +42,16 @@ DIMENSIONS = {
 
 def _figures(profile):
     for field, value in profile:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                yield f"{field}.{key}", field, item
-        elif isinstance(value, (Quantity, Fact)):
-            yield field, field, value
+        yield from _within(field, field, value)
+
+
+def _within(where, field, value):
+    """The figures of one field, however deep its tables nest them (by dtype; by engine, then model family)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _within(f"{where}.{key}", field, item)
+    elif isinstance(value, (Quantity, Fact)):
+        yield where, field, value
 
 
 def _all_figures():

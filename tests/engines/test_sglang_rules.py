@@ -428,3 +428,42 @@ def test_allreduce_fusion_off_sm90_and_sm100_does_not_start():
     assert "allreduce_fusion_platform" not in rules(resolve(f"--tp 1 {flag}", version="0.5.23"))
     assert "allreduce_fusion_platform" not in rules(resolve(f"--tp 8 {flag}", version="0.5.12"))
     assert resolve(f"--tp 8 {flag}", version="0.5.12").layout.options.allreduce_norm_fusion_tokens == 0
+
+
+@pytest.mark.parametrize(
+    "flags, cluster, version, tokens",
+    [
+        # on by default from 0.5.10 on CUDA, up to 2048 prompt tokens for an MLA model (server_args.py, 0.5.10-0.5.13)
+        ("--tp 8", "8xb200", "0.5.12", 2048),
+        ("--tp 8 --piecewise-cuda-graph-max-tokens 4096", "8xb200", "0.5.12", 4096),
+        ("--tp 8 --disable-piecewise-cuda-graph", "8xb200", "0.5.12", 0),
+        ("--tp 8 --enable-symm-mem", "8xb200", "0.5.12", 0),
+        ("--tp 8 --enable-symm-mem --enforce-piecewise-cuda-graph", "8xb200", "0.5.12", 2048),
+        ("--tp 8 --dp-size 8 --enable-dp-attention", "8xb200", "0.5.12", 0),
+        ("--tp 8 --enable-torch-compile", "8xb200", "0.5.12", 0),
+        ("--tp 8", "8xmi300x", "0.5.12", 0),  # HIP: off
+        # asked for before 0.5.10: 4096 tokens through 0.5.6, 2048 for MLA from 0.5.8
+        ("--tp 8", "8xb200", "0.5.9", 0),
+        ("--tp 8 --enable-piecewise-cuda-graph", "8xb200", "0.5.5", 4096),
+        ("--tp 8 --enable-piecewise-cuda-graph", "8xb200", "0.5.9", 2048),
+        # the tc_piecewise prefill backend, and from 0.5.15 off for DeepSeek-V3's architecture with trtllm_mla
+        ("--tp 8", "8xb200", "0.5.14", 2048),
+        ("--tp 8 --attention-backend trtllm_mla", "8xb200", "0.5.14", 2048),
+        ("--tp 8 --attention-backend trtllm_mla", "8xb200", "0.5.19", 0),
+        ("--tp 8", "8xb200", "0.5.20", 0),  # not read: priced eager
+        ("--tp 8", "8xb200", "0.5.23", 2048),  # the breakable prefill graph
+    ],
+)
+def test_the_prefill_steps_sglang_runs_under_a_cuda_graph(flags, cluster, version, tokens):
+    setup = resolve(flags, model="deepseek-r1", cluster=cluster, version=version)
+    assert setup.valid, setup.rejections
+    assert setup.layout.options.prefill_graph_tokens == tokens
+
+
+def test_the_piecewise_flags_exist_in_the_releases_that_parse_them():
+    assert resolve(
+        "--tp 8 --disable-piecewise-cuda-graph", model="deepseek-r1", cluster="8xb200", version="0.5.19"
+    ).valid
+    late = resolve("--tp 8 --disable-piecewise-cuda-graph", model="deepseek-r1", cluster="8xb200", version="0.5.23")
+    early = resolve("--tp 8 --enable-piecewise-cuda-graph", model="deepseek-r1", cluster="8xb200", version="0.5.3")
+    assert not late.valid and not early.valid

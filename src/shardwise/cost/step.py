@@ -208,6 +208,8 @@ class StepCostModel:
             scheduler = cal.value("scheduler_step_cpu_s", scheduler)
             request = cal.value("request_cpu_s", 0.0)
         self._eager_s = eager
+        # an eager prefill's launches: measured whole for some engines and model families (overheads.yaml)
+        self._eager_prefill_s = oh.eager_prefill_kernel_s(layout.engine, step_model.model.family) or eager
         self._request_s = request
         self._overlap = layout.options.overlap_schedule
         self._graph_s = oh.graph_launch_cpu.si("s")
@@ -275,7 +277,10 @@ class StepCostModel:
         # a step follows from the busiest attention-DP rank's requests (StepModel.pieces; the host's work likewise)
         rank_batch = -(-requests // (layout.attn_dp * layout.replicas))
         key = (phase.value, rank_batch, new_tokens, context)
-        graphed = phase is Phase.DECODE and self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
+        if phase is Phase.DECODE:
+            graphed = self._graphs and (self._graph_max is None or rank_batch <= self._graph_max)
+        else:  # a prefill step under a graph holds at most so many prompt tokens (SGLang's piecewise and breakable)
+            graphed = rank_batch * new_tokens <= layout.options.prefill_graph_tokens
         scheduler = self._spec_step_s if phase is Phase.DECODE else self._scheduler_s
         whole = (key, graphed, self._overlap, scheduler)  # the host side: the rest follows from the cluster and the key
         prices = self.prices
@@ -287,9 +292,10 @@ class StepCostModel:
             per_request = rank_batch * self._request_s  # the scheduler's work for the running requests, once a step
             # stages with the same pieces have the same figures (but the first, where the scheduler's work is)
             classes = self.step_model.stage_classes(phase)
-            alike = {c: self._stage(stage_sums, graphed, scheduler) for c, stage_sums in sums.items() if c}
+            eager = None if graphed else self._eager_s if phase is Phase.DECODE else self._eager_prefill_s
+            alike = {c: self._stage(stage_sums, eager, scheduler) for c, stage_sums in sums.items() if c}
             figures = prices.figures[whole] = (
-                self._stage(sums[0], graphed, scheduler, per_request),
+                self._stage(sums[0], eager, scheduler, per_request),
                 *[alike[c] for c in classes[1:]],
             )
         return key, whole, figures
@@ -317,15 +323,18 @@ class StepCostModel:
             )
         return {stage: PieceSums(*added) for stage, added in sums.items()}
 
-    def _stage(self, sums: PieceSums, graphed: bool, scheduler_s: float, per_request: float = 0.0) -> StageFigures:
+    def _stage(
+        self, sums: PieceSums, eager_s: float | None, scheduler_s: float, per_request: float = 0.0
+    ) -> StageFigures:
         """One stage's figures from the sums of its pieces (`PricedPiece.sums`): its GPU work,
-        and the host's where it is longer. `scheduler_s` is the host's time per step that the overlap scheduler hides
+        and the host's where it is longer. `eager_s` is the host's time per kernel launched (None: a CUDA graph's
+        replay launches them all); `scheduler_s` is the host's time per step that the overlap scheduler hides
         (a speculative decode step's, or a plain step's); `per_request` the scheduler's work for the running
         requests: beside the launches when the scheduler overlaps the GPU, after them otherwise."""
         compute, memory, launch, comm, hidden_comm, kernels = sums
         comm += max(0.0, hidden_comm - compute - memory)
         gpu = compute + memory + comm + launch
-        host = self._graph_s if graphed else kernels * self._eager_s
+        host = self._graph_s if eager_s is None else kernels * eager_s
         if self._overlap:
             host += per_request
             waiting = max(0.0, host - gpu)

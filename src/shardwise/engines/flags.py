@@ -89,11 +89,14 @@ class Option(Frozen):
 class OtherFlag(Frozen):
     flags: tuple[str, ...]
     takes: Literal["flag", "value", "values"]
+    since: str | None = None  # the first release that has it; None: every release the table knows
     until: str | None = None  # the last release that has it (inclusive); None: every release the table knows
     unread: str | None = None  # where the parser keeps it and no code reads it: the releases searched, and how
 
     def exists_in(self, version: Version) -> bool:
-        return self.until is None or version <= Version(self.until)
+        return (self.since is None or version >= Version(self.since)) and (
+            self.until is None or version <= Version(self.until)
+        )
 
 
 class ModelSupport(Frozen):
@@ -128,6 +131,7 @@ class FlagTable(Frozen):
     )
     model_flag: str = "--model-path"
     breakable_prefill_multimodal: tuple[str, ...] = ()
+    prefill_graph: dict[str, Any] = Field(default_factory=dict, description="which prefill steps run under a graph")
     models: dict[str, ModelSupport] = Field(default_factory=dict, description="support by HF architecture")
     language_model_only_architectures: tuple[str, ...] = ()
     kv_sizing: tuple[dict[str, Any], ...] = Field((), description="KV-cache sizing by release (vLLM)")

@@ -198,6 +198,7 @@ class EngineOptions(Frozen):
     )
     fraction_scale: float = Field(1.0, description="the engine's own multiplier on its fraction (multimodal models)")
     prefill_cuda_graph: bool = False
+    prefill_graph_tokens: int = Field(0, description="most prompt tokens of a prefill step run under a CUDA graph")
     max_model_len: int | None = Field(None, description="longest request the engine must be able to hold (vLLM)")
     page_size: int | None = None
     window_kv: bool = Field(

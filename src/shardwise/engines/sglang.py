@@ -16,6 +16,7 @@ from shardwise.engines.base import BenchLoad, Note, Rule, divisors, register_eng
 from shardwise.engines.flag_engine import FlagEngine
 from shardwise.engines.flags import HEAD_IP, flag_table, head_port
 from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, SpecDecode
+from shardwise.engines.sglang_graphs import prefill_graph_tokens
 from shardwise.engines.sglang_memory import attn_dp_padding_mib, auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, EAGLE_WORKER, RULES, spec_handler
 from shardwise.engines.sglang_support import mla_decode_backend
@@ -307,6 +308,7 @@ def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec
     ]
     notes += _memory(f, model, cluster, version)
     notes += _allreduce_fusion(f, model, cluster, version)
+    f["prefill_graph_tokens"] = prefill_graph_tokens(f, model, cluster, version)
     return notes
 
 
@@ -343,6 +345,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         fraction_scale=vlm_factor(model) if not f.get("language_model_only") else 1.0,
         memory_fraction_of="free_at_start",
         prefill_cuda_graph=bool(f.get("prefill_cuda_graph")),
+        prefill_graph_tokens=f.get("prefill_graph_tokens", 0),
         page_size=f["page_size"],
         window_pool=windows,
         spec=spec,

@@ -169,6 +169,10 @@ class Overheads(Frozen):
 
     name: str
     eager_kernel_cpu: Quantity = Field(description="host time to issue one kernel from eager PyTorch")
+    eager_prefill_kernel_cpu: dict[str, dict[str, Quantity]] = Field(
+        default_factory=dict,
+        description="by engine and model family, where an eager prefill was measured whole: its host time per kernel",
+    )
     kernel_gpu: Quantity = Field(description="least GPU time of one separately launched kernel")
     graph_launch_cpu: Quantity = Field(description="host time to replay one CUDA graph")
     scheduler_step_cpu: Quantity = Field(description="host time per step for batching, sampling and output")
@@ -179,3 +183,8 @@ class Overheads(Frozen):
     tokenize_cpu_per_random_token: Quantity = Field(
         description="front-end host time per prompt token of a prompt decoded from random token ids"
     )
+
+    def eager_prefill_kernel_s(self, engine: str, family: str) -> float | None:
+        """Host time per kernel of this engine's eager prefill of this model family, where one was measured whole."""
+        measured = self.eager_prefill_kernel_cpu.get(engine, {}).get(family)
+        return measured.si("s") if measured else None
