@@ -100,7 +100,7 @@ def test_an_eager_prefill_costs_its_measured_launches_and_decode_the_generic_one
 
 
 def test_a_prefill_under_sglangs_piecewise_graph_costs_the_host_one_replay():
-    cluster = load_cluster("8xb200")
+    cluster = load_cluster("8xh200")
     checked = check_command(
         "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1-0528 --tp 8",
         cluster=cluster,

@@ -434,30 +434,44 @@ def test_allreduce_fusion_off_sm90_and_sm100_does_not_start():
     "flags, cluster, version, tokens",
     [
         # on by default from 0.5.10 on CUDA, up to 2048 prompt tokens for an MLA model (server_args.py, 0.5.10-0.5.13)
-        ("--tp 8", "8xb200", "0.5.12", 2048),
-        ("--tp 8 --piecewise-cuda-graph-max-tokens 4096", "8xb200", "0.5.12", 4096),
-        ("--tp 8 --disable-piecewise-cuda-graph", "8xb200", "0.5.12", 0),
-        ("--tp 8 --enable-symm-mem", "8xb200", "0.5.12", 0),
-        ("--tp 8 --enable-symm-mem --enforce-piecewise-cuda-graph", "8xb200", "0.5.12", 2048),
-        ("--tp 8 --dp-size 8 --enable-dp-attention", "8xb200", "0.5.12", 0),
-        ("--tp 8 --enable-torch-compile", "8xb200", "0.5.12", 0),
+        ("--tp 8", "8xh200", "0.5.12", 2048),
+        ("--tp 8 --piecewise-cuda-graph-max-tokens 4096", "8xh200", "0.5.12", 4096),
+        ("--tp 8 --disable-piecewise-cuda-graph", "8xh200", "0.5.12", 0),
+        ("--tp 8 --disable-cuda-graph", "8xh200", "0.5.12", 2048),  # decode graphs only
+        ("--tp 8 --enable-symm-mem", "8xh200", "0.5.12", 0),
+        ("--tp 8 --enable-symm-mem --enforce-piecewise-cuda-graph", "8xh200", "0.5.12", 2048),
+        ("--tp 8 --dp-size 8 --enable-dp-attention", "8xh200", "0.5.12", 0),
+        ("--tp 8 --enable-torch-compile", "8xh200", "0.5.12", 0),
         ("--tp 8", "8xmi300x", "0.5.12", 0),  # HIP: off
+        # SM100: DeepSeek-V3's own MoE runner, flashinfer_trtllm, turns it off through 0.5.12
+        ("--tp 8", "8xb200", "0.5.12", 0),
+        ("--tp 8 --enforce-piecewise-cuda-graph", "8xb200", "0.5.12", 2048),
+        ("--tp 8", "8xb200", "0.5.13", 2048),
         # asked for before 0.5.10: 4096 tokens through 0.5.6, 2048 for MLA from 0.5.8
-        ("--tp 8", "8xb200", "0.5.9", 0),
-        ("--tp 8 --enable-piecewise-cuda-graph", "8xb200", "0.5.5", 4096),
-        ("--tp 8 --enable-piecewise-cuda-graph", "8xb200", "0.5.9", 2048),
-        # the tc_piecewise prefill backend, and from 0.5.15 off for DeepSeek-V3's architecture with trtllm_mla
-        ("--tp 8", "8xb200", "0.5.14", 2048),
-        ("--tp 8 --attention-backend trtllm_mla", "8xb200", "0.5.14", 2048),
-        ("--tp 8 --attention-backend trtllm_mla", "8xb200", "0.5.19", 0),
-        ("--tp 8", "8xb200", "0.5.20", 0),  # not read: priced eager
-        ("--tp 8", "8xb200", "0.5.23", 2048),  # the breakable prefill graph
+        ("--tp 8", "8xh200", "0.5.9", 0),
+        ("--tp 8 --enable-piecewise-cuda-graph", "8xh200", "0.5.5", 4096),
+        ("--tp 8 --enable-piecewise-cuda-graph", "8xh200", "0.5.9", 2048),
+        ("--tp 8", "8xh200", "0.5.14", 0),  # 0.5.14-0.5.22 not read: priced eager
+        # 0.5.23's breakable graph, up to the chunked prefill size (8192 at most for MLA); off for DeepSeek-V3 on
+        # trtllm_mla attention, which SM100 picks for it by itself
+        ("--tp 8", "8xh200", "0.5.23", 8192),
+        ("--tp 8 --chunked-prefill-size 4096", "8xh200", "0.5.23", 4096),
+        ("--tp 8", "8xb200", "0.5.23", 0),
+        ("--tp 8 --attention-backend flashinfer", "8xb200", "0.5.23", 8192),
+        ("--tp 8 --pp-size 2", "16xh200", "0.5.23", 0),
     ],
 )
 def test_the_prefill_steps_sglang_runs_under_a_cuda_graph(flags, cluster, version, tokens):
     setup = resolve(flags, model="deepseek-r1", cluster=cluster, version=version)
     assert setup.valid, setup.rejections
     assert setup.layout.options.prefill_graph_tokens == tokens
+
+
+def test_kimi_k2_6s_breakable_prefill_graph_is_not_deepseek_v3s():
+    """SGLang matches the checkpoint's first architecture: Kimi K2.6's is its multimodal wrapper, so the trtllm_mla
+    rule of DeepSeek-V3 leaves its prefill graph on (0.5.23)."""
+    setup = resolve("--tp 8", model="kimi-k2.6", cluster="8xb200", version="0.5.23")
+    assert setup.layout.options.prefill_cuda_graph and setup.layout.options.prefill_graph_tokens == 8192
 
 
 def test_the_piecewise_flags_exist_in_the_releases_that_parse_them():

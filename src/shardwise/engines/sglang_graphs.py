@@ -19,30 +19,43 @@ def prefill_graph_tokens(f: dict[str, Any], model: ModelSpec, cluster: ClusterSp
     """The most prompt tokens of one prefill step that SGLang runs under a CUDA graph (0: every prefill runs eager),
     from its effective configuration `f`."""
     rule = flag_table("sglang").prefill_graph
-    if not f["cuda_graph"] or _trtllm_mla_off(f, model, version, rule):
-        return 0
+    arch = model.wrapper_architecture or model.architecture  # the first of the checkpoint's config, as SGLang reads
+    sm100 = cluster.gpu.compute_capability.value.startswith("10.")
+    mla = model.attention.kind == "mla"
     if version >= Version(rule["breakable_since"]):
-        return rule["breakable_max_tokens"] if f.get("prefill_cuda_graph") else 0
+        trtllm_mla = f.get("attention_backend") == "trtllm_mla" or (
+            sm100 and not f.get("attention_backend") and not f.get("decode_attention_backend")
+        )
+        if not f.get("prefill_cuda_graph") or (arch in rule["trtllm_mla_archs"] and trtllm_mla):
+            return 0
+        return min(rule["breakable_mla_max_tokens"], f["chunked_prefill_size"]) if mla else f["chunked_prefill_size"]
     if not Version(rule["piecewise_asked_since"]) <= version <= Version(rule["piecewise_until"]):
         return 0
     if version < Version(rule["piecewise_default_since"]):
         on = bool(f.get("enable_piecewise_cuda_graph"))  # asked for; no release before the default turned it off
     else:
-        on = not f.get("disable_piecewise_cuda_graph") and (
-            f.get("enforce_piecewise_cuda_graph") or not _piecewise_off(f, model, cluster, version, rule)
+        trtllm_moe = (
+            sm100
+            and arch in rule["trtllm_moe_archs"]
+            and f["moe_a2a_backend"] == "none"
+            and version <= Version(rule["trtllm_moe_off_until"])
         )
+        off = trtllm_moe or _piecewise_off(f, model, cluster, version, rule, arch)
+        on = not f.get("disable_piecewise_cuda_graph") and (bool(f.get("enforce_piecewise_cuda_graph")) or not off)
     if not on:
         return 0
     if f.get("piecewise_cuda_graph_max_tokens"):
         return f["piecewise_cuda_graph_max_tokens"]
     default = max((e for e in rule["piecewise_max_tokens"] if Version(e["since"]) <= version), key=_since)
-    if model.attention.kind == "mla" and "mla" in default:
+    if mla and "mla" in default:
         return default["mla"]
     return f["chunked_prefill_size"] if default["tokens"] == "chunk" else default["tokens"]
 
 
-def _piecewise_off(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, rule: dict) -> bool:
-    """Whether the default piecewise graph turns itself off for this configuration (0.5.10-0.5.19)."""
+def _piecewise_off(
+    f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, rule: dict, arch: str
+) -> bool:
+    """Whether the default piecewise graph turns itself off for this configuration (0.5.10-0.5.13)."""
     return (
         cluster.gpu.vendor != "nvidia"
         or any(f.get(option) for option in rule["off_with"])
@@ -51,17 +64,8 @@ def _piecewise_off(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ve
         or f["attn_cp_size"] > 1
         or f["moe_a2a_backend"] != "none"
         or model.vision is not None
-        or model.architecture in rule["off_archs"]
+        or arch in rule["off_archs"]
         or (bool(f.get("speculative_algorithm")) and version <= Version(rule["speculative_off_until"]))
-    )
-
-
-def _trtllm_mla_off(f: dict[str, Any], model: ModelSpec, version: Version, rule: dict) -> bool:
-    """DeepSeek-V3's architecture with trtllm_mla prefill attention runs prefill eager from 0.5.15."""
-    return (
-        version >= Version(rule["trtllm_mla_off_since"])
-        and f.get("attention_backend") == "trtllm_mla"
-        and model.architecture in rule["trtllm_mla_off_archs"]
     )
 
 

@@ -4,7 +4,8 @@ much it changed the error on measurements it was not fitted to.
 
 The constants a profile may set, each a quantity the cost model already uses:
 - mem_bandwidth_bytes_per_s: memory bandwidth a GPU achieves (default: the measured streaming figure);
-- eager_kernel_cpu_s: host time to launch one kernel without CUDA graphs (overheads.yaml);
+- eager_kernel_cpu_s: host time to launch one kernel without CUDA graphs (overheads.yaml): every eager step's, but
+  the eager prefills of an engine and model family whose prefill was measured whole (eager_prefill_kernel_cpu);
 - kernel_gpu_s: the least GPU time of one kernel (overheads.yaml);
 - scheduler_step_cpu_s: scheduler host time per step when it does not overlap the GPU (overheads.yaml);
 - request_cpu_s: host time per running request per step (scheduling, sampling, output processing, streaming
