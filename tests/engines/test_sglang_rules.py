@@ -437,6 +437,7 @@ def test_allreduce_fusion_off_sm90_and_sm100_does_not_start():
         ("--tp 8", "8xh200", "0.5.12", 2048),
         ("--tp 8 --piecewise-cuda-graph-max-tokens 4096", "8xh200", "0.5.12", 4096),
         ("--tp 8 --disable-piecewise-cuda-graph", "8xh200", "0.5.12", 0),
+        ("--tp 8 --disable-piecewise-cuda-graph --enforce-piecewise-cuda-graph", "8xh200", "0.5.12", 2048),
         ("--tp 8 --disable-cuda-graph", "8xh200", "0.5.12", 2048),  # decode graphs only
         ("--tp 8 --enable-symm-mem", "8xh200", "0.5.12", 0),
         ("--tp 8 --enable-symm-mem --enforce-piecewise-cuda-graph", "8xh200", "0.5.12", 2048),

@@ -41,7 +41,8 @@ def prefill_graph_tokens(f: dict[str, Any], model: ModelSpec, cluster: ClusterSp
             and version <= Version(rule["trtllm_moe_off_until"])
         )
         off = trtllm_moe or _piecewise_off(f, model, cluster, version, rule, arch)
-        on = not f.get("disable_piecewise_cuda_graph") and (bool(f.get("enforce_piecewise_cuda_graph")) or not off)
+        # --enforce-piecewise-cuda-graph skips every check, --disable-piecewise-cuda-graph's too
+        on = bool(f.get("enforce_piecewise_cuda_graph")) or not (f.get("disable_piecewise_cuda_graph") or off)
     if not on:
         return 0
     if f.get("piecewise_cuda_graph_max_tokens"):
