@@ -452,7 +452,37 @@ def test_allreduce_fusion_off_sm90_and_sm100_does_not_start():
         ("--tp 8", "8xh200", "0.5.9", 0),
         ("--tp 8 --enable-piecewise-cuda-graph", "8xh200", "0.5.5", 4096),
         ("--tp 8 --enable-piecewise-cuda-graph", "8xh200", "0.5.9", 2048),
-        ("--tp 8", "8xh200", "0.5.14", 0),  # 0.5.14-0.5.22 not read: priced eager
+        # 0.5.14: one prefill backend, tc_piecewise by default, with 0.5.13's checks but not its SM100 MoE-runner one;
+        # --disable-cuda-graph now turns both phases off, and a backend the command chooses skips every check
+        ("--tp 8", "8xh200", "0.5.14", 2048),
+        ("--tp 8", "8xb200", "0.5.14", 2048),
+        ("--tp 8 --disable-cuda-graph", "8xh200", "0.5.14", 0),
+        ("--tp 8 --disable-cuda-graph --cuda-graph-backend-prefill tc_piecewise", "8xh200", "0.5.14", 2048),
+        ("--tp 8 --enable-symm-mem", "8xh200", "0.5.14", 0),
+        ("--tp 8 --enable-symm-mem --enforce-piecewise-cuda-graph", "8xh200", "0.5.14", 2048),
+        ("--tp 8 --disable-prefill-cuda-graph", "8xh200", "0.5.14", 0),
+        ("--tp 8", "8xmi300x", "0.5.14", 0),
+        # an EAGLE-style target prefills eagerly under tc_piecewise (0.5.13 on), not under breakable
+        ("--tp 8 --speculative-algorithm EAGLE", "8xh200", "0.5.13", 0),
+        ("--tp 8 --speculative-algorithm EAGLE", "8xh200", "0.5.14", 0),
+        ("--tp 8 --speculative-algorithm EAGLE --cuda-graph-backend-prefill tc_piecewise", "8xh200", "0.5.20", 0),
+        ("--tp 8 --speculative-algorithm EAGLE", "8xh200", "0.5.20", 2048),
+        # 0.5.15-0.5.17: the breakable default turns off for MLA models; chosen, it runs
+        ("--tp 8", "8xh200", "0.5.15", 0),
+        ("--tp 8", "8xh200", "0.5.17", 0),
+        ("--tp 8 --cuda-graph-backend-prefill breakable", "8xh200", "0.5.16", 2048),
+        ("--tp 8 --enable-breakable-cuda-graph", "8xh200", "0.5.16", 2048),
+        # 0.5.18 on: MLA keeps it, at 2048 tokens (the attention-DP rank's chunk at most), but DeepSeek-V3 on
+        # trtllm_mla (SM100's own choice for it) has none; symmetric memory is no longer checked; PP turns it off
+        ("--tp 8", "8xh200", "0.5.18", 2048),
+        ("--tp 8 --enable-symm-mem", "8xh200", "0.5.18", 2048),
+        ("--tp 8", "8xb200", "0.5.18", 0),
+        ("--tp 8 --attention-backend flashinfer", "8xb200", "0.5.20", 2048),
+        ("--tp 8 --dp-size 8 --enable-dp-attention --chunked-prefill-size 8192", "8xh200", "0.5.18", 1024),
+        ("--tp 8 --pp-size 2", "16xh200", "0.5.18", 0),
+        ("--tp 8 --pp-size 2", "16xh200", "0.5.20", 0),
+        ("--tp 8 --cuda-graph-max-bs-prefill 1024", "8xh200", "0.5.20", 1024),
+        ("--tp 8", "8xmi300x", "0.5.22", 0),
         # 0.5.23's breakable graph, up to the chunked prefill size (8192 at most for MLA); off for DeepSeek-V3 on
         # trtllm_mla attention, which SM100 picks for it by itself
         ("--tp 8", "8xh200", "0.5.23", 8192),
@@ -460,6 +490,9 @@ def test_allreduce_fusion_off_sm90_and_sm100_does_not_start():
         ("--tp 8", "8xb200", "0.5.23", 0),
         ("--tp 8 --attention-backend flashinfer", "8xb200", "0.5.23", 8192),
         ("--tp 8 --pp-size 2", "16xh200", "0.5.23", 0),
+        ("--tp 8 --disable-prefill-cuda-graph", "8xh200", "0.5.23", 0),
+        ("--tp 8 --cuda-graph-backend-decode disabled", "8xh200", "0.5.23", 8192),  # the decode phase alone
+        ("--tp 8 --disable-cuda-graph", "8xh200", "0.5.23", 0),
     ],
 )
 def test_the_prefill_steps_sglang_runs_under_a_cuda_graph(flags, cluster, version, tokens):
@@ -473,6 +506,26 @@ def test_kimi_k2_6s_breakable_prefill_graph_is_not_deepseek_v3s():
     rule of DeepSeek-V3 leaves its prefill graph on (0.5.23)."""
     setup = resolve("--tp 8", model="kimi-k2.6", cluster="8xb200", version="0.5.23")
     assert setup.layout.options.prefill_cuda_graph and setup.layout.options.prefill_graph_tokens == 8192
+
+
+@pytest.mark.parametrize("version, tokens", [("0.5.14", 0), ("0.5.15", 0), ("0.5.16", 2048), ("0.5.18", 2048)])
+def test_kimi_k2_6s_prefill_graph_by_release(version, tokens):
+    """Kimi K2.6 is multimodal (its wrapper architecture): 0.5.14's tc_piecewise and 0.5.15's breakable graph skip
+    it, 0.5.16-0.5.17 hand its language model tc_piecewise (validated for it), and from 0.5.18 the breakable graph
+    serves it (both lists name it; breakable wins), 2048 tokens of an MLA model."""
+    setup = resolve("--tp 8", model="kimi-k2.6", cluster="8xh200", version=version)
+    assert setup.layout.options.prefill_graph_tokens == tokens
+
+
+def test_the_prefill_backends_each_release_takes():
+    """The parser's choices (Backend.ALL: tc_piecewise gone from 0.5.22) and 0.5.14's refusal of a full prefill graph,
+    which its parser still offers."""
+    assert resolve("--tp 8 --cuda-graph-backend-prefill tc_piecewise", version="0.5.21").valid
+    late = resolve("--tp 8 --cuda-graph-backend-prefill tc_piecewise", version="0.5.22")
+    assert not late.valid and "invalid choice" in late.rejections[0].reason
+    assert rules(resolve("--tp 8 --cuda-graph-backend-prefill full", version="0.5.14")) == ["prefill_graph_backend"]
+    assert resolve("--tp 8 --cuda-graph-backend-prefill full", version="0.5.15").valid
+    assert not resolve("--tp 8 --cuda-graph-backend-prefill breakable", version="0.5.13").valid  # no such flag
 
 
 def test_the_piecewise_flags_exist_in_the_releases_that_parse_them():

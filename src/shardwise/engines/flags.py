@@ -73,17 +73,25 @@ class Option(Frozen):
     off_flags: tuple[str, ...] = ()  # spellings that turn a switch off (--no-x, --disable-x)
     type: Literal["int", "float", "str", "bool", "json", "human_int", "human_int_or_auto"]
     default: Any = None
-    choices: tuple[str, ...] | None = None
+    choices: tuple[Spelling | str, ...] | None = None  # a choice some releases lack carries its since / until
     required: bool = False
     partly: str | None = None  # what of it the model does not price: listed as not modelled where a command sets it
 
     def spellings(self, version: Version) -> list[str]:
-        out = []
-        for item in self.flags:
-            spelling = Spelling(flag=item) if isinstance(item, str) else item
-            if spelling.exists_in(version):
-                out.append(spelling.flag)
-        return out
+        return _held(self.flags, version)
+
+    def choices_in(self, version: Version) -> list[str] | None:
+        return _held(self.choices, version) if self.choices else None
+
+
+def _held(items: tuple[Spelling | str, ...], version: Version) -> list[str]:
+    """The flags (or choices) of `items` that exist in `version`."""
+    out = []
+    for item in items:
+        spelling = Spelling(flag=item) if isinstance(item, str) else item
+        if spelling.exists_in(version):
+            out.append(spelling.flag)
+    return out
 
 
 class OtherFlag(Frozen):
@@ -130,7 +138,6 @@ class FlagTable(Frozen):
         (), description="launchers that take the model as first positional and rewrite it to model_flag"
     )
     model_flag: str = "--model-path"
-    breakable_prefill_multimodal: tuple[str, ...] = ()
     prefill_graph: dict[str, Any] = Field(default_factory=dict, description="which prefill steps run under a graph")
     models: dict[str, ModelSupport] = Field(default_factory=dict, description="support by HF architecture")
     language_model_only_architectures: tuple[str, ...] = ()
@@ -225,7 +232,7 @@ def _parser(table: FlagTable, version: Version) -> _Parser:
                 parser.add_argument(*option.off_flags, dest=name, action="store_false", default=None)
         else:
             kind = _TYPES.get(option.type, str)
-            choices = list(option.choices) if option.choices else None
+            choices = option.choices_in(version)
             parser.add_argument(
                 *spellings, dest=name, type=kind, default=None, choices=choices, required=option.required
             )

@@ -114,7 +114,7 @@ def _moe_backend(f: dict[str, Any], version: Version) -> list[Note]:
 
 def _cuda_graph(f: dict[str, Any], tier: dict[str, Any], version: Version) -> list[Note]:
     notes = []
-    on = not (f.pop("disable_cuda_graph", False) or f.pop("cuda_graph_backend_decode", None) == "disabled")
+    on = not (f.get("disable_cuda_graph") or f.pop("cuda_graph_backend_decode", None) == "disabled")
     if on and f["moe_a2a_backend"].startswith("deepep") and f["deepep_mode"] == "normal":
         on = False
         notes.append(
@@ -232,7 +232,7 @@ def _spec_overlap(f: dict[str, Any], algorithm: str, version: Version) -> tuple[
 
 
 def _memory(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:
-    f["prefill_cuda_graph"] = prefill_graph_on(f, model, version)
+    f["prefill_cuda_graph"] = prefill_graph_on(f, model, cluster, version)
     if f.get("mem_fraction_static") is not None:
         return []
     gpu_mem_mib = cluster.gpu.memory_bytes / 2**20

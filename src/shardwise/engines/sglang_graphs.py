@@ -1,7 +1,9 @@
 """Which of SGLang's prefill steps run under a CUDA graph: the largest prefill, in tokens, it replays from one.
 
 A step under a graph costs the host one replay; an eager one, a launch per kernel (cost/step.py). The rule by
-release is data (data/engines/sglang.yaml `prefill_graph`, with the files it was read from).
+release is data (data/engines/sglang.yaml `prefill_graph`, with the files it was read from): the piecewise graph,
+asked for from 0.5.4 and on by default in 0.5.10-0.5.13, then from 0.5.14 one prefill backend (tc_piecewise, then
+breakable) with checks of its own in each release.
 """
 
 from __future__ import annotations
@@ -19,44 +21,152 @@ def prefill_graph_tokens(f: dict[str, Any], model: ModelSpec, cluster: ClusterSp
     """The most prompt tokens of one prefill step that SGLang runs under a CUDA graph (0: every prefill runs eager),
     from its effective configuration `f`."""
     rule = flag_table("sglang").prefill_graph
-    arch = model.wrapper_architecture or model.architecture  # the first of the checkpoint's config, as SGLang reads
-    sm100 = cluster.gpu.compute_capability.value.startswith("10.")
-    mla = model.attention.kind == "mla"
-    if version >= Version(rule["breakable_since"]):
-        trtllm_mla = f.get("attention_backend") == "trtllm_mla" or (
-            sm100 and not f.get("attention_backend") and not f.get("decode_attention_backend")
-        )
-        if not f.get("prefill_cuda_graph") or (arch in rule["trtllm_mla_archs"] and trtllm_mla):
+    if version >= Version(rule["backends_since"]):
+        if prefill_backend(f, model, cluster, version) == "disabled":
             return 0
-        return min(rule["breakable_mla_max_tokens"], f["chunked_prefill_size"]) if mla else f["chunked_prefill_size"]
+        return _backend_max_tokens(f, model, version, rule)
+    arch = _architecture(model)
     if not Version(rule["piecewise_asked_since"]) <= version <= Version(rule["piecewise_until"]):
         return 0
     if version < Version(rule["piecewise_default_since"]):
         on = bool(f.get("enable_piecewise_cuda_graph"))  # asked for; no release before the default turned it off
     else:
         trtllm_moe = (
-            sm100
+            _sm100(cluster)
             and arch in rule["trtllm_moe_archs"]
             and f["moe_a2a_backend"] == "none"
             and version <= Version(rule["trtllm_moe_off_until"])
         )
-        off = trtllm_moe or _piecewise_off(f, model, cluster, version, rule, arch)
+        off = trtllm_moe or _piecewise_off(f, model, cluster, version, rule)
+        if version <= Version(rule["speculative_off_until"]) and f.get("speculative_algorithm"):
+            off = True
+        off = off or _eagle_target(f, version, rule)
         # --enforce-piecewise-cuda-graph skips every check, --disable-piecewise-cuda-graph's too
         on = bool(f.get("enforce_piecewise_cuda_graph")) or not (f.get("disable_piecewise_cuda_graph") or off)
     if not on:
         return 0
     if f.get("piecewise_cuda_graph_max_tokens"):
         return f["piecewise_cuda_graph_max_tokens"]
-    default = max((e for e in rule["piecewise_max_tokens"] if Version(e["since"]) <= version), key=_since)
-    if mla and "mla" in default:
+    default = _since(rule["piecewise_max_tokens"], version)
+    if model.attention.kind == "mla" and "mla" in default:
         return default["mla"]
     return f["chunked_prefill_size"] if default["tokens"] == "chunk" else default["tokens"]
 
 
-def _piecewise_off(
-    f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, rule: dict, arch: str
-) -> bool:
-    """Whether the default piecewise graph turns itself off for this configuration (0.5.10-0.5.13)."""
+def prefill_backend(
+    f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, *, trtllm_mla_rule: bool = True
+) -> str:
+    """The prefill graph backend of 0.5.14 and later: tc_piecewise, breakable, full or disabled. A backend the
+    command chose is kept as chosen; the default is checked against what it cannot run with. `trtllm_mla_rule`
+    False: as the configuration stands before DeepSeek-V3's trtllm_mla check (where 0.5.23 sizes its memory)."""
+    rule = flag_table("sglang").prefill_graph
+    if f["moe_a2a_backend"].startswith("deepep") and f["deepep_mode"] == "normal":
+        return "disabled"  # DeepEP's normal mode runs no graph, whatever was chosen
+    chosen = _chosen_backend(f)
+    if chosen is not None:
+        return "disabled" if chosen == "tc_piecewise" and _eagle_target(f, version, rule) else chosen
+    if cluster.gpu.vendor != "nvidia":  # tc_piecewise's platform check, then (0.5.22) no default off CUDA
+        return "disabled"
+    backend = "breakable" if version >= Version(rule["breakable_default_since"]) else "tc_piecewise"
+    if backend == "breakable" and _takes_tc_piecewise(f, model, cluster, version, rule):
+        backend = "tc_piecewise"
+    if backend == "tc_piecewise":
+        off = _piecewise_off(f, model, cluster, version, rule) or (
+            model.vision is not None and _architecture(model) not in _since(rule["tc_multimodal"], version)["archs"]
+        )
+    else:
+        off = _breakable_off(f, model, version, rule)
+    if off or (backend == "tc_piecewise" and _eagle_target(f, version, rule)):
+        return "disabled"
+    if trtllm_mla_rule and version >= Version(rule["trtllm_mla_since"]) and _deepseek_on_trtllm_mla(f, model, cluster):
+        return "disabled"
+    return backend
+
+
+def _chosen_backend(f: dict[str, Any]) -> str | None:
+    """The backend the command set (argparse's last word among its aliases: shardwise takes them in this order)."""
+    if f.get("cuda_graph_backend_prefill"):
+        return f["cuda_graph_backend_prefill"]
+    if f.get("disable_prefill_cuda_graph"):
+        return "disabled"
+    aliases = (
+        ("enforce_piecewise_cuda_graph", "tc_piecewise"),
+        ("enable_breakable_cuda_graph", "breakable"),
+        ("disable_piecewise_cuda_graph", "disabled"),
+    )
+    for option, backend in aliases:
+        if f.get(option):
+            return backend
+    if f.get("disable_cuda_graph"):  # the global switch sets both phases from 0.5.14
+        return "disabled"
+    return None
+
+
+def _eagle_target(f: dict[str, Any], version: Version, rule: dict[str, Any]) -> bool:
+    """From 0.5.13 the target model of EAGLE-style drafting prefills eagerly under the piecewise graph, which records
+    none of the hidden states its drafter reads (0.5.13 at each step; 0.5.14 on, model_runner.py
+    init_prefill_cuda_graph, for tc_piecewise only: the breakable graph records them)."""
+    return (
+        version >= Version(rule["eagle_target_eager_since"])
+        and f.get("speculative_algorithm") in rule["eagle_targets"]
+        and not f.get("enable_return_hidden_states")
+    )
+
+
+def _takes_tc_piecewise(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, rule) -> bool:
+    """0.5.16-0.5.21: a multimodal model validated under tc_piecewise runs that instead of the breakable default
+    (from 0.5.18 only one not validated under breakable, and not on trtllm_mla attention)."""
+    first, last = rule["tc_switch"]
+    if model.vision is None or not Version(first) <= version <= Version(last):
+        return False
+    arch = _architecture(model)
+    if arch not in _since(rule["tc_multimodal"], version)["archs"]:
+        return False
+    if version >= Version(rule["tc_switch_breakable_kept_since"]):
+        return arch not in _since(rule["breakable_multimodal"], version)["archs"] and not _on_trtllm_mla(f, cluster)
+    return True
+
+
+def _breakable_off(f: dict[str, Any], model: ModelSpec, version: Version, rule: dict[str, Any]) -> bool:
+    """Whether the default breakable graph turns itself off for this configuration (0.5.15 on)."""
+    checks = {
+        "mla": model.attention.kind == "mla",
+        "attn_dp": f["attn_dp_size"] > 1,
+        "attn_cp": f["attn_cp_size"] > 1,
+        "any_a2a": f["moe_a2a_backend"] != "none",
+        "other_a2a": f["moe_a2a_backend"] not in rule["breakable_a2a"],
+        "dcp": f["dcp_size"] > 1,
+        "two_batch_overlap": bool(f.get("enable_two_batch_overlap")),
+        "pp": f["pp_size"] > 1,
+    }
+    for check, (first, last) in rule["breakable_off"].items():
+        if checks[check] and Version(first) <= version and (last is None or version <= Version(last)):
+            return True
+    arch = _architecture(model)
+    if model.vision is not None and arch not in _since(rule["breakable_multimodal"], version)["archs"]:
+        return True
+    return arch in _since(rule["breakable_off_archs"], version)["archs"]
+
+
+def _backend_max_tokens(f: dict[str, Any], model: ModelSpec, version: Version, rule: dict[str, Any]) -> int:
+    """The largest prefill step captured: --cuda-graph-max-bs-prefill, else the chunked prefill size (each
+    attention-DP rank's share of it, as `f` holds it), 2048 for an MLA model, from 0.5.16 no more than that share
+    with attention DP, and from 0.5.23 8192 at most."""
+    if f.get("piecewise_cuda_graph_max_tokens"):
+        return f["piecewise_cuda_graph_max_tokens"]
+    chunk = f["chunked_prefill_size"]
+    if model.attention.kind != "mla":
+        return chunk
+    mla = _since(rule["max_tokens"], version)["mla"]
+    capped = version >= Version(rule["breakable_since"]) or (
+        version >= Version(rule["attn_dp_share_since"]) and f["attn_dp_size"] > 1
+    )
+    return min(mla, chunk) if capped and chunk > 0 else mla
+
+
+def _piecewise_off(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, rule) -> bool:
+    """Whether the default piecewise graph turns itself off for this configuration (0.5.10-0.5.14; a multimodal
+    model off too through 0.5.13)."""
     return (
         cluster.gpu.vendor != "nvidia"
         or any(f.get(option) for option in rule["off_with"])
@@ -64,11 +174,32 @@ def _piecewise_off(
         or f["pp_size"] > 1
         or f["attn_cp_size"] > 1
         or f["moe_a2a_backend"] != "none"
-        or model.vision is not None
-        or arch in rule["off_archs"]
-        or (bool(f.get("speculative_algorithm")) and version <= Version(rule["speculative_off_until"]))
+        or (model.vision is not None and version < Version(rule["backends_since"]))
+        or _architecture(model) in _since(rule["off_archs"], version)["archs"]
     )
 
 
-def _since(entry: dict[str, Any]) -> Version:
-    return Version(entry["since"])
+def _deepseek_on_trtllm_mla(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) -> bool:
+    rule = flag_table("sglang").prefill_graph
+    return _architecture(model) in rule["trtllm_mla_archs"] and _on_trtllm_mla(f, cluster)
+
+
+def _on_trtllm_mla(f: dict[str, Any], cluster: ClusterSpec) -> bool:
+    """trtllm_mla attention: asked for, or what SM100 gives DeepSeek-V3 when no attention backend is given."""
+    return f.get("attention_backend") == "trtllm_mla" or (
+        _sm100(cluster) and not f.get("attention_backend") and not f.get("decode_attention_backend")
+    )
+
+
+def _architecture(model: ModelSpec) -> str:
+    return model.wrapper_architecture or model.architecture  # the first of the checkpoint's config, as SGLang reads
+
+
+def _sm100(cluster: ClusterSpec) -> bool:
+    return cluster.gpu.compute_capability.value.startswith("10.")
+
+
+def _since(entries: list[dict[str, Any]], version: Version) -> dict[str, Any]:
+    """The entry of a by-release list that holds at `version`: the newest not after it."""
+    held = [e for e in entries if Version(e["since"]) <= version]
+    return max(held, key=lambda e: Version(e["since"])) if held else entries[0]

@@ -15,24 +15,20 @@ from typing import Any
 from packaging.version import Version
 
 from shardwise.engines.flags import flag_table
+from shardwise.engines.sglang_graphs import prefill_backend
 from shardwise.memo import Memo
+from shardwise.spec.cluster import ClusterSpec
 from shardwise.spec.model import ModelSpec
 
 V0523 = Version("0.5.23")
-PREFILL_GRAPH_A2A = ("none", "deepep", "megamoe", "flashinfer")  # backends validated under breakable graphs
 
 
-def prefill_graph_on(f: dict[str, Any], model: ModelSpec, version: Version) -> bool:
-    """Whether 0.5.23 captures breakable prefill CUDA graphs for this configuration (cuda_graph_hook.py)."""
-    if version < V0523 or not f["cuda_graph"] or f.get("disable_prefill_cuda_graph"):
+def prefill_graph_on(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> bool:
+    """Whether 0.5.23 captures prefill CUDA graphs for this configuration, as its memory rule sees it (before
+    DeepSeek-V3's trtllm_mla check turns them off; cuda_graph_hook.py): only that release's reserve is read."""
+    if version < V0523:
         return False
-    if f["pp_size"] > 1 or f["dcp_size"] > 1 or f.get("enable_two_batch_overlap"):
-        return False
-    if f["moe_a2a_backend"] not in PREFILL_GRAPH_A2A:
-        return False
-    if model.vision is not None:
-        return model.wrapper_architecture in flag_table("sglang").breakable_prefill_multimodal
-    return True
+    return prefill_backend(f, model, cluster, version, trtllm_mla_rule=False) != "disabled"
 
 
 def prefill_graph_sizes(max_tokens: int) -> list[int]:

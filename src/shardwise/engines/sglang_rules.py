@@ -625,6 +625,24 @@ def allreduce_fusion_platform(ctx: Context) -> Rejection | None:
     )
 
 
+def prefill_graph_backend(ctx: Context) -> Rejection | None:
+    """0.5.14's parser offers every capture backend for either phase, and its checks then refuse a full graph for
+    prefill, whose shapes vary (from 0.5.15 prefill may take it)."""
+    backend = ctx.flags.get("cuda_graph_backend_prefill")
+    if backend != "full" or ctx.version >= Version(flag_table("sglang").prefill_graph["breakable_default_since"]):
+        return None
+    return Rejection(
+        rule="prefill_graph_backend",
+        reason="SGLang 0.5.14 captures no full CUDA graph for prefill: --cuda-graph-backend-prefill takes "
+        "breakable, tc_piecewise or disabled there",
+        engine_error="ValueError: --cuda-graph-config[prefill].backend='full' not allowed; allowed: "
+        "('breakable', 'tc_piecewise', 'disabled')",
+        source=_src(
+            ctx, "server_args.py _validate_cuda_graph_config (cuda_graph_config.py ALLOWED_BACKENDS_PER_PHASE)"
+        ),
+    )
+
+
 RULES: list[Rule] = [
     attn_dp_divides_tp,
     attn_cp_divides_tp,
@@ -651,5 +669,6 @@ RULES: list[Rule] = [
     attention_dp_support,
     language_model_only,
     allreduce_fusion_platform,
+    prefill_graph_backend,
     enough_gpus,
 ]
