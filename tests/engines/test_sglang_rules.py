@@ -462,11 +462,22 @@ def test_allreduce_fusion_off_sm90_and_sm100_does_not_start():
         ("--tp 8 --enable-symm-mem --enforce-piecewise-cuda-graph", "8xh200", "0.5.14", 2048),
         ("--tp 8 --disable-prefill-cuda-graph", "8xh200", "0.5.14", 0),
         ("--tp 8", "8xmi300x", "0.5.14", 0),
-        # an EAGLE-style target prefills eagerly under tc_piecewise (0.5.13 on), not under breakable
-        ("--tp 8 --speculative-algorithm EAGLE", "8xh200", "0.5.13", 0),
+        # an EAGLE-style target prefills eagerly under a piecewise graph (0.5.12 on, enforced or not), from 0.5.14
+        # under any backend but breakable (tc_piecewise alone from 0.5.19)
+        ("--tp 8 --speculative-algorithm EAGLE", "8xh200", "0.5.12", 0),
+        ("--tp 8 --speculative-algorithm EAGLE --enforce-piecewise-cuda-graph", "8xh200", "0.5.13", 0),
         ("--tp 8 --speculative-algorithm EAGLE", "8xh200", "0.5.14", 0),
+        ("--tp 8 --speculative-algorithm EAGLE --cuda-graph-backend-prefill full", "8xh200", "0.5.16", 0),
+        ("--tp 8 --speculative-algorithm EAGLE --cuda-graph-backend-prefill full", "8xh200", "0.5.19", 2048),
         ("--tp 8 --speculative-algorithm EAGLE --cuda-graph-backend-prefill tc_piecewise", "8xh200", "0.5.20", 0),
         ("--tp 8 --speculative-algorithm EAGLE", "8xh200", "0.5.20", 2048),
+        # the piecewise aliases write --cuda-graph-backend-prefill's field, above --disable-prefill-cuda-graph
+        ("--tp 8 --disable-prefill-cuda-graph --enforce-piecewise-cuda-graph", "8xh200", "0.5.14", 2048),
+        # prefill context parallelism of an MLA model runs no prefill graph; a chosen breakable graph in a pipeline
+        # holds 8192 tokens at most from 0.5.19; an unchunked prefill has no graph size to take
+        ("--tp 8 --enable-prefill-cp", "8xh200", "0.5.18", 0),
+        ("--tp 8 --chunked-prefill-size -1", "8xh200", "0.5.23", 0),
+        ("--tp 8 --prefill-attention-backend fa3", "8xb200", "0.5.20", 2048),
         # 0.5.15-0.5.17: the breakable default turns off for MLA models; chosen, it runs
         ("--tp 8", "8xh200", "0.5.15", 0),
         ("--tp 8", "8xh200", "0.5.17", 0),
@@ -506,6 +517,26 @@ def test_kimi_k2_6s_breakable_prefill_graph_is_not_deepseek_v3s():
     rule of DeepSeek-V3 leaves its prefill graph on (0.5.23)."""
     setup = resolve("--tp 8", model="kimi-k2.6", cluster="8xb200", version="0.5.23")
     assert setup.layout.options.prefill_cuda_graph and setup.layout.options.prefill_graph_tokens == 8192
+
+
+def test_a_pipelines_chosen_prefill_graph_holds_8192_tokens_at_most():
+    """arg_groups/memory_hook.py (0.5.19 on): a pipeline's breakable graph runs only when chosen, up to 8192."""
+    flags = "--tp 8 --pp-size 2 --cuda-graph-backend-prefill breakable --chunked-prefill-size 16384"
+    setup = resolve(flags, model="qwen3-8b", cluster="16xh200", version="0.5.20")
+    assert setup.layout.options.prefill_graph_tokens == 8192
+    assert (
+        resolve(flags, model="qwen3-8b", cluster="16xh200", version="0.5.18").layout.options.prefill_graph_tokens
+        == 16384
+    )
+
+
+def test_kimi_k2_6_with_dcp_has_no_tc_piecewise_prefill_graph():
+    """0.5.16-0.5.17 hand Kimi K2.6 tc_piecewise, whose checks include DCP from 0.5.16."""
+    setup = resolve(
+        "--tp 8 --dcp-size 8 --attention-backend flashinfer", model="kimi-k2.6", cluster="8xh200", version="0.5.16"
+    )
+    assert setup.valid, setup.rejections
+    assert setup.layout.options.prefill_graph_tokens == 0
 
 
 @pytest.mark.parametrize("version, tokens", [("0.5.14", 0), ("0.5.15", 0), ("0.5.16", 2048), ("0.5.18", 2048)])

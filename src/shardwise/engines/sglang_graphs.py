@@ -40,9 +40,9 @@ def prefill_graph_tokens(f: dict[str, Any], model: ModelSpec, cluster: ClusterSp
         off = trtllm_moe or _piecewise_off(f, model, cluster, version, rule)
         if version <= Version(rule["speculative_off_until"]) and f.get("speculative_algorithm"):
             off = True
-        off = off or _eagle_target(f, version, rule)
-        # --enforce-piecewise-cuda-graph skips every check, --disable-piecewise-cuda-graph's too
+        # --enforce-piecewise-cuda-graph skips every check, --disable-piecewise-cuda-graph's too; not the runner's
         on = bool(f.get("enforce_piecewise_cuda_graph")) or not (f.get("disable_piecewise_cuda_graph") or off)
+        on = on and not _eagle_target(f, version, rule)
     if not on:
         return 0
     if f.get("piecewise_cuda_graph_max_tokens"):
@@ -62,13 +62,15 @@ def prefill_backend(
     rule = flag_table("sglang").prefill_graph
     if f["moe_a2a_backend"].startswith("deepep") and f["deepep_mode"] == "normal":
         return "disabled"  # DeepEP's normal mode runs no graph, whatever was chosen
+    if f.get("enable_prefill_cp") and model.attention.kind == "mla":
+        return "disabled"  # prefill context parallelism of an MLA model runs no prefill graph, whatever was chosen
     chosen = _chosen_backend(f)
     if chosen is not None:
-        return "disabled" if chosen == "tc_piecewise" and _eagle_target(f, version, rule) else chosen
+        return "disabled" if _eagle_target(f, version, rule, chosen) else chosen
     if cluster.gpu.vendor != "nvidia":  # tc_piecewise's platform check, then (0.5.22) no default off CUDA
         return "disabled"
     backend = "breakable" if version >= Version(rule["breakable_default_since"]) else "tc_piecewise"
-    if backend == "breakable" and _takes_tc_piecewise(f, model, cluster, version, rule):
+    if backend == "breakable" and _takes_tc_piecewise(f, model, version, rule):
         backend = "tc_piecewise"
     if backend == "tc_piecewise":
         off = _piecewise_off(f, model, cluster, version, rule) or (
@@ -76,7 +78,7 @@ def prefill_backend(
         )
     else:
         off = _breakable_off(f, model, version, rule)
-    if off or (backend == "tc_piecewise" and _eagle_target(f, version, rule)):
+    if off or _eagle_target(f, version, rule, backend):
         return "disabled"
     if trtllm_mla_rule and version >= Version(rule["trtllm_mla_since"]) and _deepseek_on_trtllm_mla(f, model, cluster):
         return "disabled"
@@ -84,36 +86,42 @@ def prefill_backend(
 
 
 def _chosen_backend(f: dict[str, Any]) -> str | None:
-    """The backend the command set (argparse's last word among its aliases: shardwise takes them in this order)."""
-    if f.get("cuda_graph_backend_prefill"):
-        return f["cuda_graph_backend_prefill"]
-    if f.get("disable_prefill_cuda_graph"):
-        return "disabled"
+    """The backend the command set. --cuda-graph-backend-prefill and its piecewise aliases (0.5.14-0.5.19) write one
+    field, where argparse keeps the last given (shardwise takes them in this order), which outranks
+    --disable-prefill-cuda-graph, which outranks --disable-cuda-graph (server_args.py _parse_cuda_graph_config)."""
     aliases = (
+        ("cuda_graph_backend_prefill", None),
         ("enforce_piecewise_cuda_graph", "tc_piecewise"),
         ("enable_breakable_cuda_graph", "breakable"),
         ("disable_piecewise_cuda_graph", "disabled"),
     )
     for option, backend in aliases:
         if f.get(option):
-            return backend
-    if f.get("disable_cuda_graph"):  # the global switch sets both phases from 0.5.14
+            return backend or f[option]
+    if f.get("disable_prefill_cuda_graph") or f.get("disable_cuda_graph"):  # the global switch sets both phases
         return "disabled"
     return None
 
 
-def _eagle_target(f: dict[str, Any], version: Version, rule: dict[str, Any]) -> bool:
-    """From 0.5.13 the target model of EAGLE-style drafting prefills eagerly under the piecewise graph, which records
-    none of the hidden states its drafter reads (0.5.13 at each step; 0.5.14 on, model_runner.py
-    init_prefill_cuda_graph, for tc_piecewise only: the breakable graph records them)."""
-    return (
-        version >= Version(rule["eagle_target_eager_since"])
-        and f.get("speculative_algorithm") in rule["eagle_targets"]
-        and not f.get("enable_return_hidden_states")
-    )
+def _eagle_target(f: dict[str, Any], version: Version, rule: dict[str, Any], backend: str = "tc_piecewise") -> bool:
+    """Whether the target of this speculative algorithm prefills eagerly under `backend`: its drafter reads every
+    hidden state of the prefill, which the piecewise graph does not record (0.5.12-0.5.13 at each step, whatever
+    enforced it: piecewise_cuda_graph_runner.py; DFLASH's target too through 0.5.13), and from 0.5.14 the runner
+    skips the graph for an EAGLE-style target unless it is breakable (model_runner.py / cuda_graph_setup.py
+    init_prefill_cuda_graph; from 0.5.19 for tc_piecewise only)."""
+    algorithm = f.get("speculative_algorithm")
+    if version < Version(rule["eagle_target_eager_since"]) or f.get("enable_return_hidden_states"):
+        return False
+    if version < Version(rule["backends_since"]):
+        return algorithm in rule["eagle_targets"] or algorithm in rule["hidden_state_targets_until_0513"]
+    if algorithm not in rule["eagle_targets"]:
+        return False
+    if version < Version(rule["eagle_skip_tc_only_since"]):
+        return backend != "breakable"
+    return backend == "tc_piecewise"
 
 
-def _takes_tc_piecewise(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, rule) -> bool:
+def _takes_tc_piecewise(f: dict[str, Any], model: ModelSpec, version: Version, rule: dict[str, Any]) -> bool:
     """0.5.16-0.5.21: a multimodal model validated under tc_piecewise runs that instead of the breakable default
     (from 0.5.18 only one not validated under breakable, and not on trtllm_mla attention)."""
     first, last = rule["tc_switch"]
@@ -123,7 +131,9 @@ def _takes_tc_piecewise(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpe
     if arch not in _since(rule["tc_multimodal"], version)["archs"]:
         return False
     if version >= Version(rule["tc_switch_breakable_kept_since"]):
-        return arch not in _since(rule["breakable_multimodal"], version)["archs"] and not _on_trtllm_mla(f, cluster)
+        # the prefill attention backend as the command gives it: model defaults come after this check
+        given = f.get("prefill_attention_backend") or f.get("attention_backend")
+        return arch not in _since(rule["breakable_multimodal"], version)["archs"] and given != "trtllm_mla"
     return True
 
 
@@ -145,23 +155,28 @@ def _breakable_off(f: dict[str, Any], model: ModelSpec, version: Version, rule: 
     arch = _architecture(model)
     if model.vision is not None and arch not in _since(rule["breakable_multimodal"], version)["archs"]:
         return True
-    return arch in _since(rule["breakable_off_archs"], version)["archs"]
+    return arch in rule["breakable_off_archs"]
 
 
 def _backend_max_tokens(f: dict[str, Any], model: ModelSpec, version: Version, rule: dict[str, Any]) -> int:
     """The largest prefill step captured: --cuda-graph-max-bs-prefill, else the chunked prefill size (each
-    attention-DP rank's share of it, as `f` holds it), 2048 for an MLA model, from 0.5.16 no more than that share
-    with attention DP, and from 0.5.23 8192 at most."""
+    attention-DP rank's share of it, as `f` holds it; none when prefills are not chunked), 2048 for an MLA model,
+    from 0.5.16 no more than that share with attention DP, from 0.5.23 8192 at most; from 0.5.19 a pipeline's
+    8192 at most (arg_groups/memory_hook.py)."""
     if f.get("piecewise_cuda_graph_max_tokens"):
         return f["piecewise_cuda_graph_max_tokens"]
     chunk = f["chunked_prefill_size"]
     if model.attention.kind != "mla":
-        return chunk
-    mla = _since(rule["max_tokens"], version)["mla"]
-    capped = version >= Version(rule["breakable_since"]) or (
-        version >= Version(rule["attn_dp_share_since"]) and f["attn_dp_size"] > 1
-    )
-    return min(mla, chunk) if capped and chunk > 0 else mla
+        tokens = max(chunk, 0)
+    else:
+        mla = _since(rule["max_tokens"], version)["mla"]
+        capped = version >= Version(rule["breakable_since"]) or (
+            version >= Version(rule["attn_dp_share_since"]) and f["attn_dp_size"] > 1
+        )
+        tokens = max(min(mla, chunk), 0) if capped else mla
+    if f["pp_size"] > 1 and version >= Version(rule["pp_max_tokens_since"]):
+        tokens = min(tokens, rule["pp_max_tokens"])
+    return tokens
 
 
 def _piecewise_off(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version, rule) -> bool:
@@ -174,21 +189,22 @@ def _piecewise_off(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ve
         or f["pp_size"] > 1
         or f["attn_cp_size"] > 1
         or f["moe_a2a_backend"] != "none"
+        or (f["dcp_size"] > 1 and version >= Version(rule["tc_dcp_since"]))
         or (model.vision is not None and version < Version(rule["backends_since"]))
         or _architecture(model) in _since(rule["off_archs"], version)["archs"]
     )
 
 
 def _deepseek_on_trtllm_mla(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) -> bool:
+    """DeepSeek-V3's architecture prefilling on trtllm_mla attention: asked for, or SM100's own choice for it when no
+    attention backend is given (arg_groups/model_overrides/deepseek_v2.py)."""
     rule = flag_table("sglang").prefill_graph
-    return _architecture(model) in rule["trtllm_mla_archs"] and _on_trtllm_mla(f, cluster)
-
-
-def _on_trtllm_mla(f: dict[str, Any], cluster: ClusterSpec) -> bool:
-    """trtllm_mla attention: asked for, or what SM100 gives DeepSeek-V3 when no attention backend is given."""
-    return f.get("attention_backend") == "trtllm_mla" or (
-        _sm100(cluster) and not f.get("attention_backend") and not f.get("decode_attention_backend")
-    )
+    if _architecture(model) not in rule["trtllm_mla_archs"]:
+        return False
+    given = f.get("prefill_attention_backend") or f.get("attention_backend")
+    if given:
+        return given == "trtllm_mla"
+    return _sm100(cluster) and not f.get("decode_attention_backend")
 
 
 def _architecture(model: ModelSpec) -> str:
