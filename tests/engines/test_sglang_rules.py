@@ -548,6 +548,25 @@ def test_kimi_k2_6s_prefill_graph_by_release(version, tokens):
     assert setup.layout.options.prefill_graph_tokens == tokens
 
 
+@pytest.mark.parametrize(
+    "flags, version, graphed",
+    [
+        ("--tp 8", "0.5.23", True),
+        ("--tp 8 --disable-decode-cuda-graph", "0.5.23", False),
+        ("--tp 8 --disable-decode-cuda-graph", "0.5.14", False),
+        ("--tp 8 --cuda-graph-backend-decode disabled", "0.5.18", False),
+        ("--tp 8 --disable-cuda-graph --cuda-graph-backend-decode full", "0.5.23", True),  # the chosen backend wins
+        ("--tp 8 --disable-prefill-cuda-graph", "0.5.23", True),  # prefill alone
+    ],
+)
+def test_the_decode_graph_switches_by_precedence(flags, version, graphed):
+    """server_args.py _parse_cuda_graph_config (0.5.14 on): --cuda-graph-backend-decode, then
+    --disable-decode-cuda-graph, then --disable-cuda-graph, which sets both phases."""
+    setup = resolve(flags, model="deepseek-r1", cluster="8xh200", version=version)
+    assert setup.valid, setup.rejections
+    assert setup.layout.options.cuda_graph is graphed
+
+
 def test_the_prefill_backends_each_release_takes():
     """The parser's choices (Backend.ALL: tc_piecewise gone from 0.5.22) and 0.5.14's refusal of a full prefill graph,
     which its parser still offers."""

@@ -114,7 +114,12 @@ def _moe_backend(f: dict[str, Any], version: Version) -> list[Note]:
 
 def _cuda_graph(f: dict[str, Any], tier: dict[str, Any], version: Version) -> list[Note]:
     notes = []
-    on = not (f.get("disable_cuda_graph") or f.pop("cuda_graph_backend_decode", None) == "disabled")
+    # the decode backend as chosen, else --disable-decode-cuda-graph, else --disable-cuda-graph (both phases)
+    decode = f.pop("cuda_graph_backend_decode", None)
+    if decode is None:
+        off = f.pop("disable_decode_cuda_graph", False) or f.get("disable_cuda_graph")
+        decode = "disabled" if off else "full"
+    on = decode != "disabled"
     if on and f["moe_a2a_backend"].startswith("deepep") and f["deepep_mode"] == "normal":
         on = False
         notes.append(
