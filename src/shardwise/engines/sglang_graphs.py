@@ -47,7 +47,7 @@ def prefill_graph_tokens(f: dict[str, Any], model: ModelSpec, cluster: ClusterSp
         return 0
     if f.get("piecewise_cuda_graph_max_tokens"):
         return f["piecewise_cuda_graph_max_tokens"]
-    default = _since(rule["piecewise_max_tokens"], version)
+    default = flag_table("sglang").since(rule["piecewise_max_tokens"], version)
     if model.attention.kind == "mla" and "mla" in default:
         return default["mla"]
     return f["chunked_prefill_size"] if default["tokens"] == "chunk" else default["tokens"]
@@ -74,7 +74,8 @@ def prefill_backend(
         backend = "tc_piecewise"
     if backend == "tc_piecewise":
         off = _piecewise_off(f, model, cluster, version, rule) or (
-            model.vision is not None and _architecture(model) not in _since(rule["tc_multimodal"], version)["archs"]
+            model.vision is not None
+            and _architecture(model) not in flag_table("sglang").since(rule["tc_multimodal"], version)["archs"]
         )
     else:
         off = _breakable_off(f, model, version, rule)
@@ -128,12 +129,15 @@ def _takes_tc_piecewise(f: dict[str, Any], model: ModelSpec, version: Version, r
     if model.vision is None or not Version(first) <= version <= Version(last):
         return False
     arch = _architecture(model)
-    if arch not in _since(rule["tc_multimodal"], version)["archs"]:
+    if arch not in flag_table("sglang").since(rule["tc_multimodal"], version)["archs"]:
         return False
     if version >= Version(rule["tc_switch_breakable_kept_since"]):
         # the prefill attention backend as the command gives it: model defaults come after this check
         given = f.get("prefill_attention_backend") or f.get("attention_backend")
-        return arch not in _since(rule["breakable_multimodal"], version)["archs"] and given != "trtllm_mla"
+        return (
+            arch not in flag_table("sglang").since(rule["breakable_multimodal"], version)["archs"]
+            and given != "trtllm_mla"
+        )
     return True
 
 
@@ -153,7 +157,10 @@ def _breakable_off(f: dict[str, Any], model: ModelSpec, version: Version, rule: 
         if checks[check] and Version(first) <= version and (last is None or version <= Version(last)):
             return True
     arch = _architecture(model)
-    if model.vision is not None and arch not in _since(rule["breakable_multimodal"], version)["archs"]:
+    if (
+        model.vision is not None
+        and arch not in flag_table("sglang").since(rule["breakable_multimodal"], version)["archs"]
+    ):
         return True
     return arch in rule["breakable_off_archs"]
 
@@ -169,8 +176,9 @@ def _backend_max_tokens(f: dict[str, Any], model: ModelSpec, version: Version, r
     if model.attention.kind != "mla":
         tokens = max(chunk, 0)
     else:
-        mla = _since(rule["max_tokens"], version)["mla"]
-        capped = version >= Version(rule["breakable_since"]) or (
+        limit = flag_table("sglang").since(rule["max_tokens"], version)
+        mla = limit["mla"]
+        capped = limit.get("chunk_caps_mla", False) or (
             version >= Version(rule["attn_dp_share_since"]) and f["attn_dp_size"] > 1
         )
         tokens = max(min(mla, chunk), 0) if capped else mla
@@ -191,7 +199,7 @@ def _piecewise_off(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ve
         or f["moe_a2a_backend"] != "none"
         or (f["dcp_size"] > 1 and version >= Version(rule["tc_dcp_since"]))
         or (model.vision is not None and version < Version(rule["backends_since"]))
-        or _architecture(model) in _since(rule["off_archs"], version)["archs"]
+        or _architecture(model) in flag_table("sglang").since(rule["off_archs"], version)["archs"]
     )
 
 
@@ -213,9 +221,3 @@ def _architecture(model: ModelSpec) -> str:
 
 def _sm100(cluster: ClusterSpec) -> bool:
     return cluster.gpu.compute_capability.value.startswith("10.")
-
-
-def _since(entries: list[dict[str, Any]], version: Version) -> dict[str, Any]:
-    """The entry of a by-release list that holds at `version`: the newest not after it."""
-    held = [e for e in entries if Version(e["since"]) <= version]
-    return max(held, key=lambda e: Version(e["since"])) if held else entries[0]
