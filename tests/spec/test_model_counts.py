@@ -146,6 +146,41 @@ def test_qwen3_next_linear_attention_state():
     assert model.linear_state_bytes == 36 * (3 * 8192 + 32 * 128 * 128) * 2
 
 
+def test_qwen3_5_hybrid_layers_state_and_vision():
+    model = load_model("qwen3.5-397b-a17b")
+    ledger = weight_ledger(model)
+    assert model.family == "qwen3_5_moe" and model.attention.output_gate and model.moe.shared_expert_gate
+    assert model.layer_attention.count("full") == 15 and model.layer_attention.count("linear") == 45
+    assert model.layer_attention[3] == "full" and model.layer_attention[:3] == ("linear",) * 3
+    # 512 experts of 3 · 4096 · 1024 in each of 60 layers
+    assert ledger.component("routed_experts").params == 60 * 512 * 3 * 4096 * 1024
+    # gated queries: 32 heads · 256 · 2 per full layer
+    assert ledger.component("attn.q").params == 15 * 32 * 256 * 2 * 4096
+    assert model.kv_bytes_per_token == 2 * 2 * 256 * 15 * 2  # 30,720 B
+    # per linear layer: conv window 3 × (2·16·128 + 64·128) in BF16 + recurrent 64 × 128 × 128 in FP32
+    # (the config's mamba_ssm_dtype)
+    assert model.linear_attention.ssm_dtype == "fp32"
+    assert model.linear_state_bytes == 45 * (3 * 12288 * 2 + 64 * 128 * 128 * 4)
+    # depth 27 of width 1152 (qkv, proj, MLP of 4304, with biases; two LayerNorms), Conv3d 2 × 16 × 16 patches,
+    # 2304 positions, merger of 4 patches (LayerNorm, 4608 → 4608 → 4096)
+    d, i = 1152, 4304
+    block = 4 * d * d + 4 * d + 2 * d * i + i + d + 4 * d
+    vision = 27 * block + 3 * 2 * 16 * 16 * d + d + 2304 * d + 2 * d + 4608 * 4608 + 4608 + 4608 * 4096 + 4096
+    assert ledger.component("vision").params == vision
+    assert within(ledger.total_params, 396.8e9)  # "397B" with the MTP layer outside
+    assert model.num_mtp_layers == 1
+    nvfp4 = weight_ledger(load_model("qwen3.5-397b-a17b-nvfp4"))
+    assert nvfp4.component("routed_experts").formats == ("nvfp4",)
+    assert nvfp4.component("linear_attn.in_proj").formats == ("bf16",)  # excluded by name in the ignore list
+    assert nvfp4.component("attn.q").formats == ("bf16",)
+
+
+def test_minimax_m2_5_is_minimax_m2s_architecture():
+    m25, m2 = load_model("minimax-m2.5"), load_model("minimax-m2")
+    assert weight_ledger(m25).total_params == weight_ledger(m2).total_params
+    assert m25.kv_bytes_per_token == m2.kv_bytes_per_token == 2 * 8 * 128 * 62 * 2
+
+
 @pytest.mark.parametrize("alias", ["kimi-k2.6", "qwen3-30b-a3b", "gpt-oss-120b", "llama-3.1-8b"])
 def test_components_add_up(alias):
     ledger = weight_ledger(load_model(alias))

@@ -27,6 +27,13 @@ MIXTRAL_NAMES = ModuleNames(
     experts="block_sparse_moe.experts.{expert}", expert_projections=("w1", "w3", "w2"), router="block_sparse_moe.gate"
 )
 QWEN_SHARED_NAMES = ModuleNames(shared_experts="mlp.shared_expert")
+# Qwen3.5 checkpoints keep the language model under model.language_model. (the vision tower under model.visual.)
+QWEN3_5_NAMES = ModuleNames(
+    layer="model.language_model.layers.{layer}",
+    embed="model.language_model.embed_tokens",
+    norm="model.language_model.norm",
+    shared_experts="mlp.shared_expert",
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,11 @@ FAMILIES: dict[str, Family] = {
     "Qwen3NextForCausalLM": Family(
         "qwen3_next", names=QWEN_SHARED_NAMES, qk_norm="per_head", output_gate=True, shared_expert_gate=True
     ),
+    # Qwen3.5: Qwen3-Next's layers (Gated DeltaNet beside gated full attention) in a vision-language wrapper
+    "Qwen3_5MoeForConditionalGeneration": Family(
+        "qwen3_5_moe", names=QWEN3_5_NAMES, qk_norm="per_head", output_gate=True, shared_expert_gate=True
+    ),
+    "Qwen3_5ForConditionalGeneration": Family("qwen3_5", names=QWEN3_5_NAMES, qk_norm="per_head", output_gate=True),
     "LlamaForCausalLM": Family("llama"),
     "MistralForCausalLM": Family("mistral"),
     "Qwen2ForCausalLM": Family("qwen2", qkv_bias=True),
@@ -290,17 +302,22 @@ def _linear_attention(cfg: dict[str, Any]) -> LinearAttentionSpec:
         key_head_dim=cfg[keys[2]],
         value_head_dim=cfg[keys[3]],
         conv_kernel=cfg[keys[4]],
+        ssm_dtype=DTYPE_NAMES.get(str(cfg["mamba_ssm_dtype"])) if cfg.get("mamba_ssm_dtype") else None,
     )
 
 
 def _mtp_layers(cfg: dict[str, Any]) -> int:
     if cfg.get("use_mtp") is False:
         return 0
-    return int(_first(cfg, "num_nextn_predict_layers", "num_mtp_modules", default=0) or 0)
+    return int(_first(cfg, "num_nextn_predict_layers", "num_mtp_modules", "mtp_num_hidden_layers", default=0) or 0)
 
 
 def _vision(cfg: dict[str, Any] | None) -> VisionSpec | None:
-    if not cfg or cfg.get("vt_hidden_size") is None:
+    if not cfg:
+        return None
+    if cfg.get("depth") is not None and cfg.get("out_hidden_size") is not None:
+        return _qwen_vision(cfg)
+    if cfg.get("vt_hidden_size") is None:
         return None
     merge = cfg.get("merge_kernel_size") or [1, 1]
     return VisionSpec(
@@ -312,6 +329,26 @@ def _vision(cfg: dict[str, Any] | None) -> VisionSpec | None:
         merge_tokens=merge[0] * merge[1],
         text_hidden_size=cfg.get("text_hidden_size", 0),
         num_heads=cfg.get("vt_num_attention_heads"),
+        hf_num_hidden_layers=cfg.get("num_hidden_layers"),
+        hf_hidden_size=cfg.get("hidden_size"),
+    )
+
+
+def _qwen_vision(cfg: dict[str, Any]) -> VisionSpec:
+    """A Qwen3-VL-style vision tower (Qwen3.5): `depth` blocks of `hidden_size`, patches of
+    temporal_patch_size × patch_size², a learned position table of num_position_embeddings, and a merger of
+    spatial_merge_size² patches into one token of out_hidden_size."""
+    merge = int(cfg.get("spatial_merge_size", 2))
+    return VisionSpec(
+        hidden_size=cfg["hidden_size"],
+        num_layers=cfg["depth"],
+        intermediate_size=cfg["intermediate_size"],
+        patch_size=cfg.get("patch_size", 16),
+        temporal_patch=cfg.get("temporal_patch_size", 1),
+        pos_emb_positions=cfg.get("num_position_embeddings", 0),
+        merge_tokens=merge * merge,
+        text_hidden_size=cfg["out_hidden_size"],
+        num_heads=cfg.get("num_heads"),
         hf_num_hidden_layers=cfg.get("num_hidden_layers"),
         hf_hidden_size=cfg.get("hidden_size"),
     )

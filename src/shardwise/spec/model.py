@@ -47,13 +47,16 @@ class AttentionSpec(Frozen):
 
 
 class LinearAttentionSpec(Frozen):
-    """Gated DeltaNet linear attention (Qwen3-Next): a fixed-size state per sequence, no KV cache."""
+    """Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a fixed-size state per sequence, no KV cache."""
 
     num_key_heads: int
     num_value_heads: int
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    ssm_dtype: str | None = Field(
+        None, description="dtype of the recurrent state the config names (mamba_ssm_dtype); None: not named"
+    )
 
 
 class MoESpec(Frozen):
@@ -75,6 +78,7 @@ class VisionSpec(Frozen):
     num_layers: int
     intermediate_size: int
     patch_size: int
+    temporal_patch: int = Field(1, description="frames per patch (Qwen-VL's Conv3d patch embedding)")
     pos_emb_positions: int
     merge_tokens: int = Field(description="patches merged into one language-model token")
     text_hidden_size: int
@@ -96,6 +100,7 @@ class ModuleNames(Frozen):
     shared_experts: str = "mlp.shared_experts"
     router: str = "mlp.gate"
     embed: str = "model.embed_tokens"
+    norm: str = "model.norm"
     lm_head: str = "lm_head"
 
 
@@ -170,16 +175,22 @@ class ModelSpec(Frozen):
 
     @property
     def linear_state_bytes(self) -> float:
-        """Fixed per-sequence state of all linear-attention layers: the conv window plus the recurrent
-        state (value heads × key dim × value dim), in the KV dtype."""
+        """Fixed per-sequence state of all linear-attention layers: the conv window in the model dtype plus the
+        recurrent state (value heads × key dim × value dim) in the dtype the config names for it, else the
+        model dtype. Both engines keep the conv window in the model dtype whatever the KV cache stores (SGLang
+        configs/mamba_utils.py mamba2_state_dtype; vLLM layers/mamba/mamba_utils.py _mamba_state_dtype, whose
+        "auto" is the model dtype) and take the config's mamba_ssm_dtype for the recurrent state (vLLM
+        model_executor/models/config.py for Qwen3.5); where the config names none, SGLang keeps it in float32
+        and vLLM in the model dtype: this is vLLM's."""
         lin = self.linear_attention
         if lin is None:
             return 0.0
         conv_channels = 2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim
-        conv = (lin.conv_kernel - 1) * conv_channels
-        recurrent = lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
+        conv = (lin.conv_kernel - 1) * conv_channels * kv_dtype_bytes(self.dtype)
+        recurrent_elements = lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
+        recurrent = recurrent_elements * kv_dtype_bytes(lin.ssm_dtype or self.dtype)
         layers = sum(kind == "linear" for kind in self.layer_attention)
-        return layers * (conv + recurrent) * self.kv_bytes_per_element
+        return layers * (conv + recurrent)
 
     def with_overrides(self, *, weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelSpec:
         """A what-if copy: weights forced to a format ("fp8", "experts=int4,attention=fp8"), KV dtype changed."""

@@ -138,7 +138,7 @@ def _all_weights(model: ModelSpec) -> Iterator[Weight]:
     yield Weight("embeddings", "embedding", n.prefix + n.embed, (vocab, h), None, active_fraction=0.0)
     for layer in range(model.num_layers):
         yield from _layer_weights(model, layer)
-    yield Weight("norms", "norm", n.prefix + "model.norm", (h,), None)
+    yield Weight("norms", "norm", n.prefix + n.norm, (h,), None)
     if not model.tie_word_embeddings:
         yield Weight("lm_head", "lm_head", n.prefix + n.lm_head, (vocab, h), None)
     if model.vision is not None:
@@ -292,7 +292,7 @@ def _vision_weights(model: ModelSpec) -> Iterator[Weight]:
     assert v is not None
     d, i = v.hidden_size, v.intermediate_size
     per_layer = 4 * d * d + 4 * d + 2 * d * i + i + d + 4 * d  # qkv+o with biases, MLP with biases, 2 LayerNorms
-    embed = 3 * v.patch_size**2 * d + d + v.pos_emb_positions * d
+    embed = 3 * v.temporal_patch * v.patch_size**2 * d + d + v.pos_emb_positions * d
     merged = d * v.merge_tokens
     projector = 2 * d + merged * merged + merged + merged * v.text_hidden_size + v.text_hidden_size
     yield Weight(
