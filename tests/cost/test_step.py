@@ -346,3 +346,21 @@ def test_allreduce_norm_fusion_folds_two_norm_kernels_per_layer_up_to_its_token_
         assert norms[1] - norms[0] == fewer * 2 * tokens * model.hidden_size * 2, tokens
         comm = [sum(o.time_s for o in s.ops if o.op_class is OpClass.COMM) for s in (a, b)]
         assert comm[0] == pytest.approx(comm[1]), tokens
+
+
+def test_sparse_attention_reads_the_top_k_and_its_indexer_scores_every_token():
+    """GLM-5.1 (DeepSeek Sparse Attention) under TP8 on an FP8 cache: a decode step at 10,000 cached tokens reads
+    2,048 latents per request and layer (the indexer's top-k), and the indexer reads every token's 132-B key and
+    computes 2 · 32 heads · 128 FLOPs against each, on every rank (replicated); a prompt no longer than the top-k
+    prefills with no indexer logits (SGLang skips them)."""
+    costs = _costs("--tp 8 --kv-cache-dtype fp8_e4m3", model="glm-5.1")
+    ops = costs.step_model.ops(phase=Phase.DECODE, requests=4, new_tokens=1, context_tokens=10_000)
+    attention = [o for o in ops if isinstance(o, Compute) and o.name == "attention"]
+    indexers = [o for o in ops if isinstance(o, Compute) and o.name == "sparse-attention indexer"]
+    assert sum(o.count for o in attention) == sum(o.count for o in indexers) == 78  # 3 dense layers, 75 MoE
+    attention, indexer = attention[0], indexers[0]
+    assert attention.bytes == pytest.approx(4 * 2048 * 576)
+    assert indexer.bytes == pytest.approx(4 * 10_001 * 132)
+    assert indexer.flops == pytest.approx(2 * 4 * 32 * 128 * 10_001)
+    prefill = costs.step_model.ops(phase=Phase.PREFILL, requests=1, new_tokens=1024, context_tokens=0)
+    assert next(o for o in prefill if isinstance(o, Compute) and o.name == "sparse-attention indexer").flops == 0

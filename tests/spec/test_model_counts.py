@@ -3,9 +3,13 @@
 Published totals: shared/reference/specs.md §1 (model cards and the calc there) and the issue's targets.
 """
 
+import json
+
 import pytest
 
 from shardwise import load_model, weight_ledger
+from shardwise.spec.catalog import _models_dir
+from shardwise.spec.hf_config import model_from_config
 
 GB, GiB = 1e9, 2**30
 
@@ -200,3 +204,24 @@ def test_what_if_overrides():
     assert mixed.component("routed_experts").formats == ("nvfp4",)
     assert mixed.component("attn.o").formats == ("fp8",)
     assert load_model("kimi-k2.6", kv_dtype="fp8").kv_bytes_per_token == 35_136
+
+
+def test_glm5_sparse_attention_indexer_layers_keys_and_weights():
+    glm51, glm52 = load_model("glm-5.1"), load_model("glm-5.2-nvfp4")
+    # GLM-5.1: every one of 78 layers runs its indexer; BF16 latents 576 · 2 plus a 132-B indexer key per layer
+    assert glm51.attention.sparse.layers == tuple(range(78))
+    assert glm51.attention.sparse.top_k == 2048
+    assert glm51.kv_bytes_per_token == 78 * 576 * 2 + 78 * (128 + 4)
+    # GLM-5.2: indexer_types "full" in layers 0, 1, 2, then every fourth from 6; the others reuse its top-k
+    assert glm52.attention.sparse.layers == (0, 1, 2, *range(6, 78, 4))
+    assert glm52.kv_bytes_per_token == 78 * 576 + 21 * 132  # FP8 cache
+    # without indexer_types, index_topk_freq 4 and index_skip_topk_offset 3 pick the same layers (SGLang
+    # dsa_layer_skips_topk)
+    config = json.loads((_models_dir() / "glm-5.2-nvfp4" / "config.json").read_text())
+    del config["indexer_types"]
+    assert model_from_config(config, name="x").attention.sparse.layers == glm52.attention.sparse.layers
+    # the indexer: wq_b 2048 → 32 · 128, wk 6144 → 128, weights_proj 6144 → 32, in each layer that runs one
+    per_layer = 2048 * 4096 + 6144 * 128 + 6144 * 32
+    assert weight_ledger(glm52).component("attn.indexer").params == 21 * per_layer
+    assert weight_ledger(glm51).component("attn.indexer").params == 78 * per_layer
+    assert within(weight_ledger(glm51).total_params, 743.9e9)  # "744B" with the MTP layer outside

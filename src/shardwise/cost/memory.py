@@ -257,7 +257,8 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
     KV tensor of the stage (`stage_tensors`: its caching layers, or with vLLM's KV groups the largest group's). With
     a window pool, a token of the full layers' pool comes with full_tokens_ratio tokens of the window pool: full +
     ratio × sliding layers, or the sliding layers alone on a stage without full ones (pool_configurator.py
-    HybridSWAPoolConfigurator._recompute_cell_size; its MTP layers are full layers)."""
+    HybridSWAPoolConfigurator._recompute_cell_size; its MTP layers are full layers). Sparse attention adds its
+    indexer's key per token in each layer that runs one."""
     kinds = model.layer_attention[layers.start : layers.stop : layers.step]
     per_layer = model.kv_bytes_per_token_per_layer()
     if model.attention.kind == "gqa":
@@ -272,6 +273,9 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
         cell = (full + (pool.full_tokens_ratio if full else 1.0) * sliding) * per_layer
         return cell + (per_layer * max(1, model.num_mtp_layers) if mtp else 0.0)
     cell = stage_tensors(model, layout, layers) * per_layer
+    # sparse attention's indexer keys: whole on every DCP rank, where the latent is interleaved (SGLang
+    # model_executor/pool_configurator.py _compute_cell_size)
+    cell += model.index_bytes_per_token(layers) * layout.dcp
     return cell + (cell * max(1, model.num_mtp_layers) / model.num_layers if mtp else 0.0)
 
 

@@ -445,8 +445,8 @@ def weight_ways(w: Weight, layout: Layout, model: ModelSpec) -> float:
     if w.role == "dense_mlp":
         return layout.dense_tp
     if w.role in ("attention", "linear_attention"):
-        if w.component in ("attn.q_a", "attn.kv_a", "mtp"):
-            return 1  # MLA down-projections are replicated
+        if w.component in ("attn.q_a", "attn.kv_a", "mtp", "attn.indexer"):
+            return 1  # MLA down-projections and the sparse-attention indexer are replicated
         if w.component in ("attn.k", "attn.v"):
             return min(layout.attn_tp, model.attention.num_kv_heads)  # KV heads replicate past their count
         return layout.attn_tp

@@ -134,7 +134,10 @@ def _representative_weights(model: ModelSpec) -> tuple[Weight, ...]:
 
 
 def _kind(model: ModelSpec, layer: int) -> tuple[str, str]:
-    return model.layer_attention[layer], model.layer_mlp[layer]
+    """(attention, MLP) of a layer; "indexed" for a sparse-attention layer that runs its own indexer."""
+    sparse = model.attention.sparse
+    attention = "indexed" if sparse is not None and layer in sparse.layers else model.layer_attention[layer]
+    return attention, model.layer_mlp[layer]
 
 
 class Placed(NamedTuple):
@@ -713,6 +716,19 @@ class AttentionKey(NamedTuple):
         return _attention(self.inputs, _PHASES[self.phase], self.requests, self.new_tokens, self.context)
 
 
+class IndexerKey(NamedTuple):
+    """One sparse-attention layer's indexer for `requests` requests adding `new_tokens` each to `context` tokens."""
+
+    inputs: AttentionInputs
+    phase: str
+    requests: int
+    new_tokens: int
+    context: int
+
+    def op(self) -> Compute:
+        return _indexer(self.inputs, _PHASES[self.phase], self.requests, self.new_tokens, self.context)
+
+
 class ElementwiseKey(NamedTuple):
     """A layer's norms, rotary and residual adds: `kernels` passes over `tokens` tokens of `hidden` values."""
 
@@ -780,8 +796,8 @@ class SamplingKey(NamedTuple):
 # The key of one compute op: it holds all the op is built from (`.op()` builds it, run once on stage 0), so equal keys
 # name equal ops on any layout. A layer's keys hold interned inputs of distinct types, so keys of different kinds never
 # compare equal; the embedding's and the head's are priced within their pieces.
-OpKey = GemmKey | AttentionKey | ElementwiseKey | ExpertsKey | LookupKey | LmHeadKey | SamplingKey
-LayerOpKey = GemmKey | AttentionKey | ElementwiseKey | ExpertsKey
+OpKey = GemmKey | AttentionKey | IndexerKey | ElementwiseKey | ExpertsKey | LookupKey | LmHeadKey | SamplingKey
+LayerOpKey = GemmKey | AttentionKey | IndexerKey | ElementwiseKey | ExpertsKey
 
 
 def piece_op_keys(key: LayerPiece | EmbeddingPiece | HeadPiece) -> list[OpKey]:
@@ -835,6 +851,8 @@ def layer_other_keys(piece: LayerPiece) -> list[LayerOpKey]:
             inputs.elementwise - _fused_norms(inputs, piece.rank_tokens), inputs.model.hidden_size, piece.rank_tokens
         ),
     ]
+    if inputs.attention.attention == "indexed":
+        keys.append(IndexerKey(inputs.attention, piece.phase, piece.rank_requests, piece.new_tokens, piece.context))
     if inputs.moe:
         keys.append(ExpertsKey(inputs.experts, piece.stage_tokens))
     return keys
@@ -903,10 +921,16 @@ def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens:
         seen = min(seen, window)
         context = min(context, window)
     cached = context + new_tokens
+    read = cached
+    # sparse attention: each query reads the top-k cached tokens its indexer chose; up to top-k tokens, all of them
+    sparse = att.sparse is not None and full_length > att.sparse.top_k
+    if att.sparse is not None:
+        seen, read = min(seen, att.sparse.top_k), min(cached, att.sparse.top_k * max(1, new_tokens))
+        full_length = min(full_length, att.sparse.top_k)
     per_token_cache = model.kv_bytes_per_token_per_layer()
     if att.kind == "mla" and att.mla is not None:
         latent = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim
-        if phase is Phase.DECODE:  # absorbed: scores over the latent + rope key, values from the latent
+        if phase is Phase.DECODE or sparse:  # absorbed: scores over the latent + rope key, values from the latent
             per_pair = 2 * (latent + att.mla.kv_lora_rank)
         else:  # prefill expands the latent into per-head keys and values
             per_pair = 2 * (att.head_dim + att.mla.v_head_dim)
@@ -916,12 +940,12 @@ def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens:
         kv_heads = att.num_kv_heads
         cache_share = max(1, kv_heads // max(1, inputs.attn_tp)) / kv_heads / inputs.dcp
     flops = requests * new_tokens * heads * seen * per_pair / inputs.dcp
-    kv_bytes = requests * cached * per_token_cache * cache_share
+    kv_bytes = requests * read * per_token_cache * cache_share
     measured_shape, gqa_shape, prefill_shape = None, None, None
     one_query = phase is Phase.DECODE and new_tokens == 1 and inputs.dcp == 1
     if att.kind == "mla" and one_query:
         measured_shape = MLADecodeShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
-    elif att.kind == "mla" and phase is Phase.PREFILL and inputs.dcp == 1 and heads == int(heads):
+    elif att.kind == "mla" and phase is Phase.PREFILL and inputs.dcp == 1 and heads == int(heads) and not sparse:
         prefill_shape = MLAPrefillShape(heads=int(heads), kv_bytes=int(model.kv_bytes_per_element))
     elif att.kind != "mla" and one_query and heads == int(heads):
         gqa_shape = GQADecodeShape(
@@ -946,6 +970,33 @@ def _attention(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens:
         gqa_decode=gqa_shape,
         tokens=requests,
         context=int(full_length),
+        new_tokens=new_tokens,
+    )
+
+
+def _indexer(inputs: AttentionInputs, phase: Phase, requests: int, new_tokens: int, context: int) -> Compute:
+    """Sparse attention's lightning indexer in one layer: each new token's FP8 logits against every cached token's
+    indexer key (SGLang layers/attention/dsa/dsa_indexer.py: deep_gemm fp8_paged_mqa_logits in decode,
+    fp8_mqa_logits in prefill) and their top-k. Every attention-TP and DCP rank runs all of it (its weights and keys
+    are whole on each). A prefill whose requests are no longer than top-k skips the logits
+    (_should_skip_logits_computation): it attends to every token."""
+    sparse = inputs.model.attention.sparse
+    assert sparse is not None
+    seen = context + (new_tokens / 2 if phase is Phase.PREFILL else new_tokens)
+    if phase is Phase.PREFILL and context + new_tokens <= sparse.top_k:
+        seen = 0.0
+    return Compute(
+        name="sparse-attention indexer",
+        op_class=OpClass.ATTENTION,
+        stage=0,
+        count=1,
+        flops=2 * requests * new_tokens * sparse.num_heads * sparse.head_dim * seen,
+        bytes=requests * (context + new_tokens) * sparse.key_bytes if seen else 0.0,
+        weight_bytes=0.0,
+        dtype="fp8",
+        kernels=2 if seen else 0,  # logits, top-k
+        tokens=requests,
+        context=context + new_tokens,
         new_tokens=new_tokens,
     )
 

@@ -28,6 +28,7 @@ def model_payload(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry | 
         "kv_bytes_per_token": model.kv_bytes_per_token,
         "kv_bytes_per_token_beyond_window": model.kv_bytes_per_token_beyond_window,
         "kv_dtype": model.kv_dtype,
+        "index_bytes_per_token": model.index_bytes_per_token(),
         "linear_state_bytes_per_sequence": model.linear_state_bytes,
         "sliding_window": model.sliding_window,
         "quantization": model.quant.method,

@@ -20,9 +20,14 @@ from shardwise.units import format_bytes, format_count, format_rate, format_time
 
 
 def models_table(rows: list[tuple[CatalogEntry, ModelSpec, WeightLedger]]) -> Table:
-    table = Table(title="Bundled models (any config.json path or Hub id works too)", title_justify="left")
-    for col in ("name", "Hugging Face repo", "family", "params", "active", "weights", "KV/token", "config"):
-        table.add_column(col, justify="right" if col in ("params", "active", "weights", "KV/token") else "left")
+    table = Table(
+        title="Bundled models (any config.json path or Hub id works too); KV/token: every layer's cache of one token "
+        "(sparse attention's indexer keys included), state/seq: the fixed linear-attention state of one sequence",
+        title_justify="left",
+    )
+    numbers = ("params", "active", "weights", "KV/token", "state/seq")
+    for col in ("name", "Hugging Face repo", "family", *numbers, "config"):
+        table.add_column(col, justify="right" if col in numbers else "left")
     for entry, model, ledger in rows:
         table.add_row(
             entry.alias,
@@ -32,6 +37,7 @@ def models_table(rows: list[tuple[CatalogEntry, ModelSpec, WeightLedger]]) -> Ta
             format_count(ledger.active_params),
             format_bytes(ledger.total_bytes),
             f"{model.kv_bytes_per_token:,.0f} B",
+            format_bytes(model.linear_state_bytes) if model.linear_state_bytes else "-",
             entry.provenance,
         )
     return table
@@ -104,6 +110,14 @@ def _model_summary(model: ModelSpec, ledger: WeightLedger, entry: CatalogEntry |
         )
     if model.linear_state_bytes:
         kv += f"; linear-attention state {format_bytes(model.linear_state_bytes)} per sequence"
+    if model.attention.sparse is not None:
+        sparse = model.attention.sparse
+        kv += (
+            f"; sparse attention: each query reads the {sparse.top_k:,} cached tokens its indexer picks "
+            f"({sparse.num_heads} heads of {sparse.head_dim}; {len(sparse.layers)} of {model.num_layers} layers run "
+            f"one and keep {sparse.key_bytes:,.0f} B of indexer key per token, "
+            f"{model.index_bytes_per_token():,.0f} B in all)"
+        )
     lines.append(kv)
     if ledger.mtp_params:
         lines.append(

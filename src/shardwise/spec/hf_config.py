@@ -19,6 +19,7 @@ from shardwise.spec.model import (
     ModelSpec,
     ModuleNames,
     MoESpec,
+    SparseIndexSpec,
     VisionSpec,
 )
 from shardwise.spec.quant import scheme_from_config
@@ -58,6 +59,9 @@ FAMILIES: dict[str, Family] = {
     "DeepseekV3ForCausalLM": _DEEPSEEK,
     "DeepseekV2ForCausalLM": _DEEPSEEK,
     "KimiK2ForCausalLM": _DEEPSEEK,
+    "DeepseekV32ForCausalLM": _DEEPSEEK,  # DeepSeek-V3 with DeepSeek Sparse Attention
+    # GLM-5 / 5.1 / 5.2: DeepSeek-V3's MLA + MoE layout with DeepSeek Sparse Attention
+    "GlmMoeDsaForCausalLM": Family("glm_moe_dsa"),
     "Glm4MoeForCausalLM": Family("glm4_moe", qk_norm="config", score_correction_bias=True),
     "Qwen3MoeForCausalLM": Family("qwen3_moe", names=QWEN_SHARED_NAMES, qk_norm="per_head"),
     "Qwen2MoeForCausalLM": Family("qwen2_moe", names=QWEN_SHARED_NAMES, qkv_bias=True, shared_expert_gate=True),
@@ -166,7 +170,7 @@ def _model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
         tie_word_embeddings=bool(_first(text, "tie_word_embeddings", default=config.get("tie_word_embeddings", False))),
         max_position_embeddings=_first(text, "max_position_embeddings"),
         dtype=dtype,
-        attention=_attention(text, family),
+        attention=_attention(text, family, layers),
         layer_attention=layer_attention,
         sliding_window=_first(text, "sliding_window") if "sliding" in layer_attention else None,
         linear_attention=_linear_attention(text) if "linear" in layer_attention else None,
@@ -182,7 +186,7 @@ def _model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     )
 
 
-def _attention(cfg: dict[str, Any], family: Family) -> AttentionSpec:
+def _attention(cfg: dict[str, Any], family: Family, layers: int) -> AttentionSpec:
     heads = int(cfg["num_attention_heads"])
     if cfg.get("kv_lora_rank"):
         mla = MlaSpec(
@@ -198,6 +202,7 @@ def _attention(cfg: dict[str, Any], family: Family) -> AttentionSpec:
             num_kv_heads=heads,
             head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim,
             mla=mla,
+            sparse=_sparse_index(cfg, layers) if cfg.get("index_topk") else None,
         )
     head_dim = int(_first(cfg, "head_dim", default=int(cfg["hidden_size"]) // heads))
     qkv_bias = family.qkv_bias if family.qkv_bias is not None else bool(cfg.get("attention_bias", False))
@@ -214,6 +219,31 @@ def _attention(cfg: dict[str, Any], family: Family) -> AttentionSpec:
     )
 
 
+def _sparse_index(cfg: dict[str, Any], layers: int) -> SparseIndexSpec:
+    """The indexer of DeepSeek Sparse Attention, and the layers that run one: those `indexer_types` calls "full"
+    (GLM-5.2), else those index_topk_freq / index_skip_topk_offset keep (SGLang configs/model_config.py
+    dsa_layer_skips_topk), else every layer."""
+    missing = [k for k in ("index_n_heads", "index_head_dim") if cfg.get(k) is None]
+    if missing:
+        raise SpecError(f"sparse attention (index_topk) needs {', '.join(missing)} to size its indexer")
+    types = cfg.get("indexer_types")
+    freq = int(cfg.get("index_topk_freq") or 1)
+    if types:
+        own = tuple(i for i, t in enumerate(types[:layers]) if t != "shared")
+    elif freq > 1:
+        offset = cfg.get("index_skip_topk_offset")
+        start = (lambda i: i - int(offset) + 1) if offset is not None else (lambda i: i - 1)
+        own = tuple(i for i in range(layers) if max(start(i), 0) % freq == 0)
+    else:
+        own = tuple(range(layers))
+    return SparseIndexSpec(
+        num_heads=int(cfg["index_n_heads"]),
+        head_dim=int(cfg["index_head_dim"]),
+        top_k=int(cfg["index_topk"]),
+        layers=own,
+    )
+
+
 def _qk_norm(cfg: dict[str, Any], family: Family) -> str:
     if family.qk_norm != "config":
         return family.qk_norm
@@ -225,7 +255,12 @@ def _qk_norm(cfg: dict[str, Any], family: Family) -> str:
 def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     """Per layer: "full", "sliding" (window-capped KV) or "linear" (fixed state, no KV)."""
     if cfg.get("layer_types"):
-        kinds = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear"}
+        kinds = {
+            "full_attention": "full",
+            "sliding_attention": "sliding",
+            "linear_attention": "linear",
+            "deepseek_sparse_attention": "full",  # keeps every token; attends to the indexer's top-k
+        }
         unknown = {t for t in cfg["layer_types"] if t not in kinds}
         if unknown:
             raise SpecError(f"unknown layer_types {sorted(unknown)}; known: {', '.join(kinds)}")

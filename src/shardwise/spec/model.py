@@ -9,6 +9,7 @@ config files is `hf_config.py`'s job.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,24 @@ class MlaSpec(Frozen):
     v_head_dim: int
 
 
+class SparseIndexSpec(Frozen):
+    """DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): a lightning indexer scores every cached token for each
+    query token with `num_heads` small heads, and the MLA attention then reads only the `top_k` best. Layers that
+    run an indexer cache a key per token for it; the others (GLM-5.2's "shared" layers) reuse the last indexer's
+    choice."""
+
+    num_heads: int = Field(description="indexer heads (index_n_heads)")
+    head_dim: int = Field(description="indexer head width (index_head_dim)")
+    top_k: int = Field(description="cached tokens each query attends to (index_topk)")
+    layers: tuple[int, ...] = Field(description="the decoder layers that run their own indexer")
+
+    @property
+    def key_bytes(self) -> float:
+        """Bytes of one token's indexer key: FP8 with one FP32 scale per 128 values, whatever the KV cache stores
+        (SGLang mem_cache/index_key_cache.py IndexKeyCache: 128 + 4; vLLM DeepseekV32IndexerCache head_size 132)."""
+        return self.head_dim + math.ceil(self.head_dim / 128) * 4
+
+
 class AttentionSpec(Frozen):
     kind: Literal["mla", "gqa"]
     num_heads: int
@@ -44,6 +63,7 @@ class AttentionSpec(Frozen):
     output_gate: bool = Field(False, description="q_proj also emits a sigmoid gate per head (Qwen3-Next)")
     sinks: bool = Field(False, description="one learned attention-sink logit per head (gpt-oss)")
     mla: MlaSpec | None = None
+    sparse: SparseIndexSpec | None = Field(None, description="DeepSeek Sparse Attention's indexer, if any")
 
 
 class LinearAttentionSpec(Frozen):
@@ -152,17 +172,26 @@ class ModelSpec(Frozen):
             elements = 2 * att.num_kv_heads * att.head_dim  # 2: one K and one V per KV head
         return elements * self.kv_bytes_per_element
 
+    def index_bytes_per_token(self, layers: range | None = None) -> float:
+        """Bytes one token adds to the sparse-attention indexer's key caches of `layers` (default all)."""
+        sparse = self.attention.sparse
+        if sparse is None:
+            return 0.0
+        span = layers if layers is not None else range(self.num_layers)
+        return sum(layer in span for layer in sparse.layers) * sparse.key_bytes
+
     @property
     def kv_bytes_per_token(self) -> float:
-        """Bytes one token adds to the cache while it is inside every window: all full and sliding layers."""
+        """Bytes one token adds to the cache while it is inside every window: all full and sliding layers, and the
+        indexer keys of sparse attention."""
         caching = sum(kind != "linear" for kind in self.layer_attention)
-        return caching * self.kv_bytes_per_token_per_layer()
+        return caching * self.kv_bytes_per_token_per_layer() + self.index_bytes_per_token()
 
     @property
     def kv_bytes_per_token_beyond_window(self) -> float:
         """Bytes per token once the context is past the sliding window: only full-attention layers keep it."""
         full = sum(kind == "full" for kind in self.layer_attention)
-        return full * self.kv_bytes_per_token_per_layer()
+        return full * self.kv_bytes_per_token_per_layer() + self.index_bytes_per_token()
 
     def kv_bytes_per_sequence(self, context_tokens: int) -> float:
         """Cache bytes one sequence holds at `context_tokens`: full layers grow with context, sliding-window
@@ -171,7 +200,8 @@ class ModelSpec(Frozen):
         window = min(context_tokens, self.sliding_window or context_tokens)
         full = sum(kind == "full" for kind in self.layer_attention)
         sliding = sum(kind == "sliding" for kind in self.layer_attention)
-        return full * per_layer * context_tokens + sliding * per_layer * window + self.linear_state_bytes
+        index = self.index_bytes_per_token() * context_tokens
+        return full * per_layer * context_tokens + index + sliding * per_layer * window + self.linear_state_bytes
 
     @property
     def linear_state_bytes(self) -> float:

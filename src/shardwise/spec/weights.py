@@ -16,7 +16,7 @@ from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict
 
-from shardwise.spec.model import ModelSpec
+from shardwise.spec.model import MlaSpec, ModelSpec, SparseIndexSpec
 from shardwise.spec.quant import WeightFormat, weight_format
 
 
@@ -185,6 +185,19 @@ def _mla_weights(model: ModelSpec, layer: int, base: str) -> Iterator[Weight]:
         layer,
     )
     yield Weight("attn.o", "attention", f"{p}.o_proj", (h, att.num_heads * mla.v_head_dim), layer)
+    if att.sparse is not None and layer in att.sparse.layers:
+        yield from _indexer_weights(att.sparse, mla, h, layer, f"{p}.indexer")
+
+
+def _indexer_weights(sparse: SparseIndexSpec, mla: MlaSpec, h: int, layer: int, p: str) -> Iterator[Weight]:
+    """The lightning indexer of DeepSeek Sparse Attention (SGLang layers/attention/dsa/dsa_indexer.py Indexer): its
+    queries from the Q latent, one key per token from the hidden state, a LayerNorm on the key, and a weight per
+    head from the hidden state. Replicated on every attention-TP rank."""
+    width = sparse.num_heads * sparse.head_dim
+    yield Weight("attn.indexer", "attention", f"{p}.wq_b", (width, mla.q_lora_rank or h), layer)
+    yield Weight("attn.indexer", "attention", f"{p}.wk", (sparse.head_dim, h), layer)
+    yield Weight("norms", "norm", f"{p}.k_norm", (2 * sparse.head_dim,), layer)  # weight and bias
+    yield Weight("attn.indexer", "attention", f"{p}.weights_proj", (sparse.num_heads, h), layer)
 
 
 def _gqa_weights(model: ModelSpec, layer: int, base: str) -> Iterator[Weight]:
