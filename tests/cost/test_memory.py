@@ -317,3 +317,49 @@ def test_a_ledger_copied_with_other_figures_shows_them_in_its_rows():
     assert memory.stages[0].kv_bytes == memory.kv_pool_bytes > 0
     emptied = memory.model_copy(update={"kv_pool_bytes": 0.0})
     assert emptied.stages[0].kv_bytes == 0.0 and all(row.kv_bytes == 0.0 for row in emptied.per_gpu)
+
+
+# --- linear-attention states in a pool of their own (SGLang's mamba pool) -------------------------------
+
+
+def _state_ledger(model: str, flags: str, version: str, tp: int = 8):
+    spec, box = load_model(model), load_cluster("8xrtx-pro-6000")
+    setup = get_engine("sglang").resolve(argv("sglang", f"--tp {tp} {flags}"), model=spec, cluster=box, version=version)
+    assert setup.layout is not None, setup.rejections
+    return memory_ledger(spec, setup.layout, box), setup.layout
+
+
+def test_sglang_gives_qwen3_5_states_a_pool_that_caps_its_running_requests():
+    """Qwen3.5 under TP8, SGLang 0.5.23: one request's state on a GPU is 45 linear layers × (the conv window, 3 ×
+    (2·16·128 + 64·128) / 8 channels in BF16, + the recurrent state, 64 / 8 heads × 128 × 128 in FP32); K slots
+    fill 0.9 / 1.9 of what the KV and state pools share, less the pool's padding slot; each running request holds 3
+    + 2 slots (extra_buffer under the overlap scheduler)."""
+    memory, layout = _state_ledger("qwen3.5-397b-a17b-nvfp4", "", "0.5.23")
+    state = 45 * (3 * 12288 // 8 * 2 + 64 // 8 * 128 * 128 * 4)
+    assert memory.state_bytes_per_request == pytest.approx(state)
+    shared = memory.kv_pool_bytes + memory.state_pool_bytes
+    slots = int((shared * 0.9 / 1.9 - state) // state)
+    assert memory.state_slots_per_rank == slots and memory.state_pool_bytes == pytest.approx((slots + 1) * state)
+    assert memory.max_running_requests_per_rank == slots // 5
+    assert memory.max_concurrency(isl=1024, osl=1024) == slots // 5  # the states bind long before the KV pool
+    assert layout.options.overlap_schedule
+    # without the radix cache a request holds its own slot alone
+    plain, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--disable-radix-cache", "0.5.23")
+    assert plain.max_running_requests_per_rank == plain.state_slots_per_rank
+
+
+def test_sglang_0_5_9_holds_three_slots_a_request_and_runs_hybrids_without_the_overlap_scheduler():
+    memory, layout = _state_ledger("qwen3-next-80b-a3b", "", "0.5.9", tp=4)
+    # Qwen3-Next names no mamba_ssm_dtype: SGLang keeps the recurrent state in FP32 all the same
+    assert memory.state_bytes_per_request == pytest.approx(36 * (3 * 8192 // 4 * 2 + 32 // 4 * 128 * 128 * 4))
+    shared = memory.kv_pool_bytes + memory.state_pool_bytes
+    slots = int(shared * 0.9 / 1.9 // memory.state_bytes_per_request)  # no padding slot taken off before 0.5.17
+    assert memory.state_slots_per_rank == slots and memory.max_running_requests_per_rank == slots // 3
+    assert not layout.options.overlap_schedule  # no_buffer turns it off
+    _, later = _state_ledger("qwen3-next-80b-a3b", "", "0.5.14", tp=4)
+    assert later.options.overlap_schedule  # extra_buffer from 0.5.14
+
+
+def test_a_model_without_linear_attention_has_no_state_pool():
+    memory, setup = ledger("sglang", "--tp 8")
+    assert setup.layout.options.state_pool is None and memory.state_slots_per_rank is None

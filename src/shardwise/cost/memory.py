@@ -28,6 +28,7 @@ from shardwise.cost.kv_blocks import request_groups, stage_blocks, stage_tensors
 from shardwise.engines.layout import (
     EngineOptions,
     Layout,
+    StatePool,
     WindowPool,
     groups,
     stage_layers,
@@ -98,6 +99,15 @@ class MemoryLedger(Frozen):
     )
     kv_tokens_total: int = Field(description="unique tokens over every attention-DP rank and copy")
     state_bytes_per_request: float = Field(0, description="fixed per-request state (linear attention), per GPU")
+    state_slots_per_rank: int | None = Field(
+        None,
+        description="where the states have a pool of their own (SGLang's mamba pool): its slots per rank "
+        "(max_mamba_cache_size); None: states, if any, come out of the KV pool",
+    )
+    state_pool_bytes: float = Field(0, description="that pool's bytes on one GPU, padding slots included")
+    state_requests_per_rank: int | None = Field(
+        None, description="the requests that pool holds at once: its slots over the slots one request holds"
+    )
     kv_window_tokens: int | None = Field(
         None,
         description="tokens a request keeps in its sliding-window layers at most, where the engine frees what "
@@ -172,11 +182,22 @@ class MemoryLedger(Frozen):
             return np.maximum(context_tokens, window * full_per_window)
         return self.kv_full_groups * context_tokens + self.kv_window_groups * window
 
+    def holder(self, *, isl: int, osl: int) -> str:
+        """What sets `max_concurrency`: the KV pool, the linear-attention state pool, or the engine's limit on
+        running requests."""
+        cap = self.max_concurrency(isl=isl, osl=osl) // max(1, self.ranks)
+        if self.state_requests_per_rank is not None and cap == self.state_requests_per_rank:
+            return "its linear-attention state pool"
+        if self.max_running_requests_per_rank is not None and cap == self.max_running_requests_per_rank:
+            return "its running-request limit"
+        return "its KV pool"
+
     def max_concurrency(self, *, isl: int, osl: int) -> int:
         """Requests of isl + osl tokens the pools hold at once (the KV bound, capped by running slots)."""
         if self.verdict != "ok":
             return 0
-        per_request = self.kv_bytes_per_token * self.request_tokens(isl + osl) + self.state_bytes_per_request
+        state = self.state_bytes_per_request if self.state_slots_per_rank is None else 0.0  # its own pool caps slots
+        per_request = self.kv_bytes_per_token * self.request_tokens(isl + osl) + state
         pool = self.kv_usable_tokens_per_rank * self.kv_bytes_per_token
         per_rank = int(pool // per_request) if per_request else 0
         if self.max_running_requests_per_rank is not None:
@@ -349,6 +370,8 @@ def memory_ledger(
     graph_batch = opts.cuda_graph_max_bs or 0
     graphs = activation_bytes(model, layout, graph_batch, sampled=graph_batch) if opts.cuda_graph else 0.0
     kv_per_stage = _stage_budgets(layout, capacity, stage_weights, rt=rt, act=act, graphs=graphs, vlm_cache=vlm_cache)
+    state_slots, state_pool = _state_pool(opts.state_pool, min(kv_per_stage))
+    kv_per_stage = [budget - state_pool for budget in kv_per_stage]
     kv = max(0.0, min(kv_per_stage))
     cells, tensors = _stage_cells(book, model, layout)
     if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
@@ -390,12 +413,15 @@ def memory_ledger(
         kv_tokens_per_rank=tokens,
         kv_held_back_tokens_per_rank=held_back,
         kv_tokens_total=tokens * layout.attn_dp * layout.replicas,
-        state_bytes_per_request=state,
+        state_bytes_per_request=opts.state_pool.state_bytes if opts.state_pool else state,
+        state_slots_per_rank=state_slots,
+        state_requests_per_rank=state_slots // opts.state_pool.slots_per_request if opts.state_pool else None,
+        state_pool_bytes=state_pool,
         kv_window_tokens=window_tokens,
         kv_full_groups=groups[0],
         kv_window_groups=groups[1],
         kv_window_pool_tokens_per_rank=window_pool_tokens,
-        max_running_requests_per_rank=_running_slots(model, layout, rows),
+        max_running_requests_per_rank=_running_slots(model, layout, rows, state_slots),
         ranks=layout.attn_dp * layout.replicas,
         largest_fraction=None
         if opts.activations_in_budget
@@ -755,17 +781,35 @@ def _largest_fraction(capacity: float, rt: float, outside: float) -> float:
     return 1 - (outside + band) / (capacity - rt)
 
 
-def _running_slots(model: ModelSpec, layout: Layout, rows: int) -> int:
+def _running_slots(model: ModelSpec, layout: Layout, rows: int, state_slots: int | None = None) -> int:
     """Request slots per attention-DP rank from the `rows` of one rank's pool (max_total_num_tokens: under DCP each
     rank's share of the interleaved tokens; with a window pool the full layers' pool): the engine's limit, or, where
     the engine leaves it to the pool (SGLang without --max-running-requests), kv_cache_configurator.py
     resolve_max_num_reqs: rows / context × 512 kept within 2048..4096; never more than rows // 2, as SGLang caps
-    both."""
+    both; with a state pool, never more than its slots over the slots one request holds (resolve_max_num_reqs's
+    max_mamba_cache_size // mamba ratio)."""
     limit = layout.options.max_running_requests
     if limit is None:
         context = model.max_position_embeddings or rows
         limit = max(min(int(rows / context * 512), 4096), 2048)
-    return min(limit, rows // 2)
+    limit = min(limit, rows // 2)
+    pool = layout.options.state_pool
+    if pool is not None and state_slots is not None:
+        limit = min(limit, state_slots // pool.slots_per_request)
+    return limit
+
+
+def _state_pool(pool: StatePool | None, budget: float) -> tuple[int | None, float]:
+    """The slots of a state pool (SGLang's max_mamba_cache_size, K) and its bytes, out of `budget` bytes left for the
+    KV and state pools on one GPU (kv_cache_configurator.py _handle_max_mamba_cache): K as given, or the most states
+    that fit in ratio / (1 + ratio) of the budget beside the pool's padding slots; the pool holds K + padding."""
+    if pool is None:
+        return None, 0.0
+    slots = pool.fixed_slots
+    if slots is None:
+        share = budget * pool.memory_ratio / (1 + pool.memory_ratio)
+        slots = max(0, math.floor((share - pool.padding_slots * pool.state_bytes) / pool.state_bytes))
+    return slots, (slots + pool.padding_slots) * pool.state_bytes
 
 
 def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, ...]:

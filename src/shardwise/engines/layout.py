@@ -133,6 +133,18 @@ class WindowPool(Frozen):
     )
 
 
+class StatePool(Frozen):
+    """Per-request recurrent states of linear-attention layers in a pool of their own beside the KV pool, sized as a
+    share of the memory left for both (SGLang's mamba pool: mem_cache/kv_cache_configurator.py
+    _handle_max_mamba_cache)."""
+
+    state_bytes: float = Field(gt=0, description="one request's state on one GPU of the fullest stage")
+    memory_ratio: float = Field(gt=0, description="state pool : KV pool bytes (--mamba-full-memory-ratio)")
+    slots_per_request: int = Field(ge=1, description="state slots the pool keeps per running request")
+    padding_slots: int = Field(0, ge=0, description="slots the pool holds besides its K")
+    fixed_slots: int | None = Field(None, ge=1, description="K as given (--max-mamba-cache-size per DP rank)")
+
+
 class EngineOptions(Frozen):
     """Engine settings that change cost or memory, as they take effect (after the engine's rewrites)."""
 
@@ -206,6 +218,9 @@ class EngineOptions(Frozen):
     )
     window_pool: WindowPool | None = Field(
         None, description="sliding-window layers keep their tokens in a pool of their own (SGLang's hybrid SWA memory)"
+    )
+    state_pool: StatePool | None = Field(
+        None, description="linear-attention states in a pool of their own beside the KV pool (SGLang's mamba pool)"
     )
     spec: SpecDecode | None = None
     scheduler: SchedulerPolicy = SchedulerPolicy(mixed_batches=False, evict="newest")

@@ -19,6 +19,7 @@ from shardwise.engines.layout import EngineOptions, Layout, SchedulerPolicy, Spe
 from shardwise.engines.sglang_graphs import prefill_graph_tokens
 from shardwise.engines.sglang_memory import attn_dp_padding_mib, auto_mem_fraction, prefill_graph_on, vlm_factor
 from shardwise.engines.sglang_rules import A2A_EP_SPANNING, EAGLE_FAMILY, EAGLE_WORKER, RULES, spec_handler
+from shardwise.engines.sglang_state import state_pool
 from shardwise.engines.sglang_support import mla_decode_backend
 from shardwise.engines.sglang_swa import window_pool
 from shardwise.spec.cluster import ClusterSpec
@@ -333,11 +334,12 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         )
     chunk = f["chunked_prefill_size"] if f["chunked_prefill_size"] > 0 else None  # <= 0: chunked prefill off
     windows = window_pool(f, model)
+    states, no_overlap = state_pool(f, model, version)
     options = EngineOptions(
         cuda_graph=f["cuda_graph"],
         cuda_graph_max_bs=f["cuda_graph_max_bs"] if f["cuda_graph"] else None,
         two_batch_overlap=bool(f.get("enable_two_batch_overlap")),
-        overlap_schedule=not f.get("disable_overlap_schedule") and f["pp_size"] == 1,
+        overlap_schedule=not f.get("disable_overlap_schedule") and f["pp_size"] == 1 and not no_overlap,
         eplb=bool(f.get("enable_eplb")),
         allreduce_norm_fusion_tokens=f.get("allreduce_norm_fusion_tokens", 0),
         kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
@@ -353,6 +355,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         prefill_graph_tokens=f.get("prefill_graph_tokens", 0),
         page_size=f["page_size"],
         window_pool=windows,
+        state_pool=states,
         spec=spec,
         scheduler=_scheduler(
             mixed_batches=bool(f.get("enable_mixed_chunk")) and chunk is not None,  # needs chunked prefill

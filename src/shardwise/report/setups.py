@@ -171,10 +171,16 @@ def _kv_summary(memory: MemoryLedger, *, isl: int, osl: int) -> Text:
         if memory.max_running_requests_per_rank
         else ""
     )
+    states = (
+        f"; linear-attention states: {memory.state_slots_per_rank:,} slots of "
+        f"{memory.state_bytes_per_request / 2**20:,.1f} MiB per GPU ({memory.state_pool_bytes / GiB:,.1f} GiB)"
+        if memory.state_slots_per_rank is not None
+        else ""
+    )
     return Text(
         f"  KV cache: {memory.kv_tokens_per_rank:,} tokens{pools} at {memory.kv_bytes_per_token:,.0f} B per "
-        f"token per GPU{slots}; {memory.max_concurrency(isl=isl, osl=osl):,} requests of {isl} + {osl} tokens "
-        "fit at once"
+        f"token per GPU{slots}{states}; {memory.max_concurrency(isl=isl, osl=osl):,} requests of {isl} + {osl} "
+        "tokens fit at once"
     )
 
 

@@ -159,7 +159,10 @@ def narrative(t: Theory) -> list[str]:
         for k, v in sorted(ex.breakdown_s.items(), key=lambda kv: -kv[1])
         if v > 0
     )
-    bound = "KV-cache capacity" if ex.bound == "kv_capacity" else PART_NAMES.get(ex.bound, ex.bound)
+    bound = PART_NAMES.get(ex.bound, ex.bound)
+    if ex.bound == "kv_capacity":
+        holder = c.memory.holder(isl=r.case.isl, osl=r.case.osl)
+        bound = "linear-attention state capacity" if "state" in holder else "KV-cache capacity"
     comm = (
         f" A decode step spends {ex.collective_s * 1e3:.1f} ms in {ex.collectives_per_step} collectives."
         if ex.collectives_per_step
@@ -260,17 +263,19 @@ def _confidence_lines(t: Theory) -> list[str]:
 
 def _saturation_line(t: Theory, c: Candidate) -> str:
     """Where the winner's throughput stops rising, and the knee: the least load within KNEE of it."""
-    peak, k, cap = c.peak, knee(c), c.memory.max_concurrency(isl=t.result.case.isl, osl=t.result.case.osl)
+    isl, osl = t.result.case.isl, t.result.case.osl
+    peak, k, cap = c.peak, knee(c), c.memory.max_concurrency(isl=isl, osl=osl)
+    holder = c.memory.holder(isl=isl, osl=osl)
     levels = t.result.concurrency
     if peak.concurrency == levels[-1] and peak.running < cap:
         where = (
-            f"It is still rising at {peak.concurrency} clients, the most asked for (its KV pool holds {cap:,} "
+            f"It is still rising at {peak.concurrency} clients, the most asked for ({holder} holds {cap:,} "
             "requests at once)"
         )
     elif peak.running >= cap:
-        where = f"Its throughput stops rising at {peak.concurrency} clients: its KV pool holds {cap:,} requests at once"
+        where = f"Its throughput stops rising at {peak.concurrency} clients: {holder} holds {cap:,} requests at once"
     else:
-        where = f"Its throughput peaks at {peak.concurrency} clients, before its KV pool ({cap:,} requests) binds"
+        where = f"Its throughput peaks at {peak.concurrency} clients, before {holder} ({cap:,} requests) binds"
     return (
         f"{where}; it is within {KNEE:.0%} of its most from {k.concurrency} clients ({k.output_tok_s:,.0f} tok/s, "
         f"{k.per_user_tok_s:,.1f} per user, {k.tpot_s * 1e3:,.0f} ms per token)."
