@@ -363,3 +363,12 @@ def test_sglang_0_5_9_holds_three_slots_a_request_and_runs_hybrids_without_the_o
 def test_a_model_without_linear_attention_has_no_state_pool():
     memory, setup = ledger("sglang", "--tp 8")
     assert setup.layout.options.state_pool is None and memory.state_slots_per_rank is None
+
+
+def test_the_state_pool_flags_set_its_slots_and_share():
+    given, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--max-mamba-cache-size 100", "0.5.23")
+    assert given.state_slots_per_rank == 100 and given.max_running_requests_per_rank == 100 // 5
+    half, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--mamba-full-memory-ratio 0.5", "0.5.23")
+    shared = half.kv_pool_bytes + half.state_pool_bytes
+    assert half.state_slots_per_rank == int((shared * 0.5 / 1.5 - half.state_bytes_per_request) //
+                                            half.state_bytes_per_request)  # fmt: skip
