@@ -372,3 +372,24 @@ def test_the_state_pool_flags_set_its_slots_and_share():
     shared = half.kv_pool_bytes + half.state_pool_bytes
     assert half.state_slots_per_rank == int((shared * 0.5 / 1.5 - half.state_bytes_per_request) //
                                             half.state_bytes_per_request)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("engine", "model", "cluster", "cell"),
+    [
+        # FP8 latents with per-128 scales and a BF16 RoPE key, 656 B, on the SM 12.x and SM 9.0 FP8 backends
+        ("sglang", "glm-5.1-nvfp4", "8xrtx-pro-6000", 78 * (512 + 4 * 4 + 64 * 2) + 78 * 132),
+        ("vllm", "glm-5.1-nvfp4", "8xrtx-pro-6000", 78 * 656 + 78 * 132),
+        ("vllm", "glm-5.1-nvfp4", "8xh200", 78 * 656 + 78 * 132),  # the checkpoint's FP8 cache
+        # SGLang caches sparse attention in BF16 before SM 10 unless told otherwise
+        ("sglang", "glm-5.1-nvfp4", "8xh200", 78 * 576 * 2 + 78 * 132),
+        # and in plain FP8 (trtllm's 576 B) on SM 10.x, where vLLM's unset dtype is FP8 too
+        ("sglang", "glm-5.1-nvfp4", "8xb200", 78 * 576 + 78 * 132),
+        ("vllm", "glm-5.1", "8xb200", 78 * 576 + 78 * 132),
+    ],
+)
+def test_sparse_attention_caches_as_each_engine_lays_it_out_per_gpu(engine, model, cluster, cell):
+    memory, setup = ledger(engine, "--tp 8" if engine == "sglang" else "--tensor-parallel-size 8", model=model,
+                           cluster=cluster)  # fmt: skip
+    assert memory.kv_bytes_per_token == cell
+    assert setup.layout.options.page_size == 64

@@ -349,8 +349,9 @@ def test_allreduce_norm_fusion_folds_two_norm_kernels_per_layer_up_to_its_token_
 
 
 def test_sparse_attention_reads_the_top_k_and_its_indexer_scores_every_token():
-    """GLM-5.1 (DeepSeek Sparse Attention) under TP8 on an FP8 cache: a decode step at 10,000 cached tokens reads
-    2,048 latents per request and layer (the indexer's top-k), and the indexer reads every token's 132-B key and
+    """GLM-5.1 (DeepSeek Sparse Attention) under TP8 on an FP8 cache (on SM 12.x the scaled layout, 656 B a latent): a
+    decode step at 10,000 cached tokens reads 2,048 latents per request and layer (the indexer's top-k), and the
+    indexer reads every token's 132-B key and
     computes 2 · 32 heads · 128 FLOPs against each, on every rank (replicated); a prompt no longer than the top-k
     prefills with no indexer logits (SGLang skips them)."""
     costs = _costs("--tp 8 --kv-cache-dtype fp8_e4m3", model="glm-5.1")
@@ -359,7 +360,7 @@ def test_sparse_attention_reads_the_top_k_and_its_indexer_scores_every_token():
     indexers = [o for o in ops if isinstance(o, Compute) and o.name == "sparse-attention indexer"]
     assert sum(o.count for o in attention) == sum(o.count for o in indexers) == 78  # 3 dense layers, 75 MoE
     attention, indexer = attention[0], indexers[0]
-    assert attention.bytes == pytest.approx(4 * 2048 * 576)
+    assert attention.bytes == pytest.approx(4 * 2048 * 656)
     assert indexer.bytes == pytest.approx(4 * 10_001 * 132)
     assert indexer.flops == pytest.approx(2 * 4 * 32 * 128 * 10_001)
     prefill = costs.step_model.ops(phase=Phase.PREFILL, requests=1, new_tokens=1024, context_tokens=0)

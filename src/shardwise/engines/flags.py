@@ -144,6 +144,9 @@ class FlagTable(Frozen):
     kv_sizing: tuple[dict[str, Any], ...] = Field((), description="KV-cache sizing by release (vLLM)")
     mla_default_backend: dict[str, str] = Field(default_factory=dict, description="by compute capability")
     rocm_aiter_kv_heads: tuple[int, ...] = ()
+    sparse_attention: dict[str, Any] = Field(
+        default_factory=dict, description="how the engine caches and pages DeepSeek Sparse Attention models"
+    )
     mla_dcp_backends: tuple[str, ...] = ()
     mla_dcp_spec_backends: tuple[str, ...] = ()
     allreduce_fusion: dict[str, Any] = Field(

@@ -312,9 +312,33 @@ def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec
         *_scheduling(f, tier, version),
         *_speculative(f, version),
     ]
+    notes += _sparse_attention(f, model, cluster, version)
     notes += _memory(f, model, cluster, version)
     notes += _allreduce_fusion(f, model, cluster, version)
     f["prefill_graph_tokens"] = prefill_graph_tokens(f, model, cluster, version)
+    return notes
+
+
+def _sparse_attention(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:
+    """DeepSeek Sparse Attention on CUDA: 64-token pages, the KV dtype an unset --kv-cache-dtype resolves to, and
+    whether an FP8 cache keeps its scaled latent layout (data: sparse_attention)."""
+    capability = cluster.gpu.compute_capability.value
+    if model.attention.sparse is None or capability.startswith("gfx"):
+        return []
+    rule, notes = flag_table("sglang").sparse_attention, []
+    source = f"sglang {version} arg_groups/model_overrides/deepseek_v2.py, arg_groups/overrides.py"
+    if f["page_size"] != rule["page_size"]:
+        f["page_size"] = rule["page_size"]
+        notes.append(
+            Note(kind="rewrite", message=f"sparse attention pages by {rule['page_size']} tokens", source=source)
+        )
+    if f["kv_cache_dtype"] == "auto":
+        fp8 = int(capability.split(".")[0]) >= rule["fp8_from_major"]
+        f["kv_cache_dtype"] = "fp8_e4m3" if fp8 else "bfloat16"
+        notes.append(
+            Note(kind="rewrite", message=f"sparse attention caches in {f['kv_cache_dtype']} here", source=source)
+        )
+    f["kv_layout_scaled"] = f["kv_cache_dtype"].startswith("fp8") and capability in rule["scaled_fp8_capabilities"]
     return notes
 
 
@@ -342,7 +366,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         overlap_schedule=not f.get("disable_overlap_schedule") and f["pp_size"] == 1 and not no_overlap,
         eplb=bool(f.get("enable_eplb")),
         allreduce_norm_fusion_tokens=f.get("allreduce_norm_fusion_tokens", 0),
-        kv_cache_dtype=None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"],
+        kv_cache_dtype=_kv_dtype(f),
         chunked_prefill_tokens=chunk,
         max_running_requests=(
             max(1, f["max_running_requests"] // f["attn_dp_size"]) if f.get("max_running_requests") else None
@@ -388,6 +412,13 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         a2a_backend=f["moe_a2a_backend"],
         options=options,
     )
+
+
+def _kv_dtype(f: dict[str, Any]) -> str | None:
+    """The KV cache's element layout: the flag's, the scaled FP8 latents of sparse attention, or None for auto."""
+    if f.get("kv_layout_scaled"):
+        return "fp8_ds_mla"
+    return None if f["kv_cache_dtype"] == "auto" else f["kv_cache_dtype"]
 
 
 @cache

@@ -67,6 +67,7 @@ def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec
                 source=f"vllm {version} config/model.py _get_and_verify_max_len",
             )
         )
+    notes += _sparse_attention(f, model, cluster, version)
     notes += _kv_sizing(f, table.since(table.kv_sizing, version), cluster=cluster, version=version)
     f["cuda_graph"] = not f.get("enforce_eager")
     f["allreduce_norm_fusion_tokens"] = _allreduce_fusion_tokens(f, model, cluster, version)
@@ -86,6 +87,31 @@ def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec
     if f["pipeline_parallel_size"] > 1 and f["data_parallel_size"] > 1:
         notes.append(Note(kind="warning", message="DP ranks sit outside PP stages: each DP rank is a full pipeline"))
     return notes
+
+
+def _sparse_attention(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, version: Version) -> list[Note]:
+    """DeepSeek Sparse Attention: 64-token blocks, the KV dtype an unset --kv-cache-dtype resolves to, and the scaled
+    FP8 latent layout (fp8_ds_mla) where the backend takes it (data: sparse_attention)."""
+    capability = cluster.gpu.compute_capability.value
+    if model.attention.sparse is None or capability.startswith("gfx"):
+        return []
+    rule, dtype = flag_table("vllm").sparse_attention, f["kv_cache_dtype"]
+    f.setdefault("block_size", rule["block_size"])
+    if dtype == "auto" and (capability in rule["fp8_capabilities"] or model.kv_dtype.startswith("fp8")):
+        dtype = "fp8"  # an FP8 checkpoint's cache is FP8 unset, as everywhere here
+    scaled = dtype.startswith("fp8") and capability in rule["scaled_fp8_capabilities"]
+    if scaled or (dtype == "auto" and capability in rule["scaled_auto_capabilities"]):
+        dtype = "fp8_ds_mla"
+    if dtype == f["kv_cache_dtype"]:
+        return []
+    f["kv_cache_dtype"] = dtype
+    return [
+        Note(
+            kind="rewrite",
+            message=f"sparse attention caches its latents as {dtype} here",
+            source=f"vllm {version} platforms/cuda.py _get_backend_priorities, model_executor/models/config.py",
+        )
+    ]
 
 
 def _kv_sizing(f: dict[str, Any], sizing: dict[str, Any], *, cluster: ClusterSpec, version: Version) -> list[Note]:

@@ -165,6 +165,10 @@ class ModelSpec(Frozen):
     def kv_bytes_per_token_per_layer(self) -> float:
         """Bytes one token adds to the cache of one attention layer (MLA: latent + RoPE key; GQA: K and V)."""
         att = self.attention
+        if att.kind == "mla" and self.kv_dtype == "fp8_ds_mla":
+            assert att.mla is not None  # FP8 latent, an FP32 scale per 128 of it, the RoPE key in BF16
+            rank = att.mla.kv_lora_rank
+            return rank + math.ceil(rank / 128) * 4 + att.mla.qk_rope_head_dim * 2
         if att.kind == "mla":
             assert att.mla is not None
             elements = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim  # one shared latent, no per-head K/V

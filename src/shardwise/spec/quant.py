@@ -102,7 +102,8 @@ def weight_format(name: str) -> WeightFormat:
     return FORMATS[key]
 
 
-KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp4": 0.5}
+# fp8_ds_mla: FP8 MLA latents with one FP32 scale per 128 values and the RoPE key in BF16 (ModelSpec sizes its row)
+KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp4": 0.5, "fp8_ds_mla": 1}
 KV_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": "bf16", "float8": "fp8"}
 
 
