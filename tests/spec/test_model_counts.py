@@ -8,6 +8,7 @@ import json
 import pytest
 
 from shardwise import load_model, weight_ledger
+from shardwise.errors import SpecError
 from shardwise.spec.catalog import _models_dir
 from shardwise.spec.hf_config import model_from_config
 
@@ -225,3 +226,10 @@ def test_glm5_sparse_attention_indexer_layers_keys_and_weights():
     assert weight_ledger(glm52).component("attn.indexer").params == 21 * per_layer
     assert weight_ledger(glm51).component("attn.indexer").params == 78 * per_layer
     assert within(weight_ledger(glm51).total_params, 743.9e9)  # "744B" with the MTP layer outside
+
+
+def test_deepseek_v4s_compressed_attention_is_refused_not_misread():
+    config = json.loads((_models_dir() / "glm-5.1" / "config.json").read_text())
+    config["compress_ratios"] = [0, 0, 4, 128]
+    with pytest.raises(SpecError, match="compressed attention .* not modelled yet"):
+        model_from_config(config, name="v4-like")

@@ -142,6 +142,12 @@ def _model_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
             f"{name}: config.json lacks {', '.join(missing)}; a decoder config needs "
             f"{', '.join(REQUIRED)} (and intermediate_size or expert fields)"
         )
+    if text.get("compress_ratios") is not None:
+        raise SpecError(
+            f"{name}: {arch}'s compressed attention (compress_ratios: sliding-window layers beside KV compressed 4× "
+            "with an indexer or 128×) is not modelled yet; a model with MLA, sparse (indexed) MLA, GQA, sliding-window "
+            "or linear-attention layers would be read"
+        )
     family = FAMILIES.get(arch) or (_DEEPSEEK if outer_arch in WRAPPERS else None)
     generic = family is None
     family = family or Family("generic")
