@@ -365,3 +365,10 @@ def test_sparse_attention_reads_the_top_k_and_its_indexer_scores_every_token():
     assert indexer.flops == pytest.approx(2 * 4 * 32 * 128 * 10_001)
     prefill = costs.step_model.ops(phase=Phase.PREFILL, requests=1, new_tokens=1024, context_tokens=0)
     assert next(o for o in prefill if isinstance(o, Compute) and o.name == "sparse-attention indexer").flops == 0
+    # priced as its own op, growing with the context where the attention does not
+    short = costs.step(phase=Phase.DECODE, requests=4, context_tokens=10_000)
+    long = costs.step(phase=Phase.DECODE, requests=4, context_tokens=100_000)
+    indexer_s = [sum(o.time_s for o in s.ops if o.name == "sparse-attention indexer") for s in (short, long)]
+    attention_s = [sum(o.time_s for o in s.ops if o.name == "attention") for s in (short, long)]
+    assert indexer_s[0] > 0 and indexer_s[1] > 3 * indexer_s[0]  # ten times the keys, less its fixed launch time
+    assert attention_s[1] == pytest.approx(attention_s[0])

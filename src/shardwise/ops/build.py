@@ -717,16 +717,14 @@ class AttentionKey(NamedTuple):
 
 
 class IndexerKey(NamedTuple):
-    """One sparse-attention layer's indexer for `requests` requests adding `new_tokens` each to `context` tokens."""
+    """The indexer of the sparse attention `attention` names: its fields in a tuple of their own, so that the key is
+    never equal to the attention's (tuples compare by their items, whatever their class)."""
 
-    inputs: AttentionInputs
-    phase: str
-    requests: int
-    new_tokens: int
-    context: int
+    attention: AttentionKey
 
     def op(self) -> Compute:
-        return _indexer(self.inputs, _PHASES[self.phase], self.requests, self.new_tokens, self.context)
+        a = self.attention
+        return _indexer(a.inputs, _PHASES[a.phase], a.requests, a.new_tokens, a.context)
 
 
 class ElementwiseKey(NamedTuple):
@@ -845,14 +843,15 @@ def _fused_norms(inputs: LayerInputs, rank_tokens: int) -> int:
 def layer_other_keys(piece: LayerPiece) -> list[LayerOpKey]:
     """The keys of a layer's attention, elementwise kernels and routed experts."""
     inputs = piece.inputs
+    attention = AttentionKey(inputs.attention, piece.phase, piece.rank_requests, piece.new_tokens, piece.context)
     keys: list[LayerOpKey] = [
-        AttentionKey(inputs.attention, piece.phase, piece.rank_requests, piece.new_tokens, piece.context),
+        attention,
         ElementwiseKey(
             inputs.elementwise - _fused_norms(inputs, piece.rank_tokens), inputs.model.hidden_size, piece.rank_tokens
         ),
     ]
     if inputs.attention.attention == "indexed":
-        keys.append(IndexerKey(inputs.attention, piece.phase, piece.rank_requests, piece.new_tokens, piece.context))
+        keys.append(IndexerKey(attention))
     if inputs.moe:
         keys.append(ExpertsKey(inputs.experts, piece.stage_tokens))
     return keys
