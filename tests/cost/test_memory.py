@@ -5,8 +5,10 @@ from packaging.version import Version
 
 from shardwise import load_cluster, load_model
 from shardwise.cost.memory import kv_bytes_per_token, memory_ledger, stage_layers
+from shardwise.cost.step import StepCostModel
 from shardwise.engines.base import get_engine
 from shardwise.engines.sglang_memory import auto_mem_fraction
+from shardwise.ops.types import Phase
 
 GB, GiB = 1e9, 2**30
 
@@ -393,3 +395,42 @@ def test_sparse_attention_caches_as_each_engine_lays_it_out_per_gpu(engine, mode
                            cluster=cluster)  # fmt: skip
     assert memory.kv_bytes_per_token == cell
     assert setup.layout.options.page_size == 64
+
+
+def test_without_the_radix_cache_the_state_pool_holds_the_running_requests_it_allows():
+    memory, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--disable-radix-cache --max-running-requests 64", "0.5.23")
+    assert memory.state_slots_per_rank == 64
+    assert memory.state_pool_bytes == pytest.approx(65 * memory.state_bytes_per_request)  # and its padding slot
+
+
+def test_speculative_decoding_sizes_the_state_pool_with_its_draft_tokens_scratch():
+    """NEXTN with 4 draft tokens under 0.5.23: K = (share − S · 5) / (S · (1 + 4 / 5)), and the scratch of
+    min(48 running requests, K / 5) + 1 requests' 4 draft tokens comes off the KV budget too."""
+    flags = "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+    memory, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", flags + "--speculative-num-draft-tokens 4", "0.5.23")
+    state, slots = memory.state_bytes_per_request, memory.state_slots_per_rank
+    assert memory.max_running_requests_per_rank == 48  # speculative decoding's default cap
+    taken = (slots + 1) * state + (min(48, slots // 5) + 1) * 4 * state
+    assert memory.state_pool_bytes == pytest.approx(taken)
+    share = (memory.kv_pool_bytes + taken) * 0.9 / 1.9
+    assert slots == int((share - state * 5) // (state * (1 + 4 / 5)))
+
+
+def test_sglang_reads_the_recurrent_states_dtype_from_its_flag_then_the_config_then_fp32():
+    bf16, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--mamba-ssm-dtype bfloat16", "0.5.23")
+    assert bf16.state_bytes_per_request == pytest.approx(45 * (3 * 12288 // 8 * 2 + 64 // 8 * 128 * 128 * 2))
+    # a decode step reads the state SGLang keeps: FP32 for Qwen3-Next, whose config names none
+    spec, box = load_model("qwen3-next-80b-a3b"), load_cluster("8xrtx-pro-6000")
+    setup = get_engine("sglang").resolve(argv("sglang", "--tp 4"), model=spec, cluster=box)
+    ops = StepCostModel.of(spec, setup.layout, box).step_model.ops(phase=Phase.DECODE, requests=1, new_tokens=1,
+                                                                 context_tokens=0)  # fmt: skip
+    linear = next(o for o in ops if o.name == "linear attention")
+    assert linear.bytes == pytest.approx(2 * (3 * 8192 * 2 + 32 * 128 * 128 * 4) / 4)  # read and written, a quarter
+
+
+def test_the_radix_cache_strategy_and_linear_attention_backend_set_the_slots_a_request_holds():
+    lazy, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--mamba-radix-cache-strategy extra_buffer_lazy", "0.5.23")
+    assert lazy.max_running_requests_per_rank == lazy.state_slots_per_rank // 4
+    other, layout = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--linear-attn-backend flashinfer", "0.5.23")
+    assert other.max_running_requests_per_rank == other.state_slots_per_rank // 3  # no extra buffer for it
+    assert not layout.options.overlap_schedule

@@ -56,10 +56,11 @@ class GpuMemory(Frozen):
     runtime_bytes: float = Field(description="CUDA stack, communication buffers, engine caches")
     activation_bytes: float = Field(description="activation peak at the prefill chunk")
     cuda_graph_bytes: float
+    state_bytes: float = Field(0, description="the linear-attention state pool, where it is its own")
 
     @property
     def other_bytes(self) -> float:
-        return self.runtime_bytes + self.activation_bytes + self.cuda_graph_bytes
+        return self.runtime_bytes + self.activation_bytes + self.cuda_graph_bytes + self.state_bytes
 
     @property
     def free_bytes(self) -> float:
@@ -151,6 +152,7 @@ class MemoryLedger(Frozen):
                 runtime_bytes=self.runtime_bytes,
                 activation_bytes=self.activation_bytes,
                 cuda_graph_bytes=self.cuda_graph_bytes,
+                state_bytes=self.state_pool_bytes,
             )
             for stage, weights in enumerate(self.stage_weights_bytes)
         )
@@ -427,7 +429,7 @@ def memory_ledger(
         if opts.activations_in_budget
         else _largest_fraction(capacity, rt, act + graphs + opts.fraction_reserve_bytes),
         warnings=tuple(
-            _headroom_warnings(firsts, capacity, stage_weights, kv, rt + vlm_cache, act, graphs)
+            _headroom_warnings(firsts, capacity, stage_weights, kv + state_pool, rt + vlm_cache, act, graphs)
             if verdict == "ok"
             else ()
         )
@@ -800,16 +802,27 @@ def _running_slots(model: ModelSpec, layout: Layout, rows: int, state_slots: int
 
 
 def _state_pool(pool: StatePool | None, budget: float) -> tuple[int | None, float]:
-    """The slots of a state pool (SGLang's max_mamba_cache_size, K) and its bytes, out of `budget` bytes left for the
-    KV and state pools on one GPU (kv_cache_configurator.py _handle_max_mamba_cache): K as given, or the most states
-    that fit in ratio / (1 + ratio) of the budget beside the pool's padding slots; the pool holds K + padding."""
+    """The slots of a state pool (SGLang's max_mamba_cache_size, K) and the bytes it takes off the KV budget, out of
+    `budget` bytes left for the KV and state pools on one GPU (kv_cache_configurator.py _handle_max_mamba_cache): K
+    as given, or the most states that fit in ratio / (1 + ratio) of the budget beside the pool's padding slots; the
+    pool holds K + padding. With speculative decoding every slot the running requests hold keeps D draft tokens'
+    scratch states too: from 0.5.14 K is solved with them, K = (share − S(1 + D)) / (S(1 + D / slots per request)),
+    and (min(reserved requests, K / slots per request) + 1) · D · S are taken off the KV budget; before, the
+    scratch of the reserved requests is taken first and K is as given."""
     if pool is None:
         return None, 0.0
+    state, draft, per_request = pool.state_bytes, pool.draft_tokens, pool.slots_per_request
+    share = budget * pool.memory_ratio / (1 + pool.memory_ratio)
     slots = pool.fixed_slots
-    if slots is None:
-        share = budget * pool.memory_ratio / (1 + pool.memory_ratio)
-        slots = max(0, math.floor((share - pool.padding_slots * pool.state_bytes) / pool.state_bytes))
-    return slots, (slots + pool.padding_slots) * pool.state_bytes
+    if slots is None and draft and pool.spec_joint:
+        slots = max(0, math.floor((share - state * (1 + draft)) / (state * (1 + draft / per_request))))
+    elif slots is None:
+        slots = max(0, math.floor((share - pool.padding_slots * state) / state))
+    scratch = 0.0
+    if draft:
+        reserved = min(pool.reserve_requests, slots // per_request) if pool.spec_joint else pool.reserve_requests
+        scratch = state * draft * (reserved + (1 if pool.spec_joint else 0))
+    return slots, (slots + pool.padding_slots) * state + scratch
 
 
 def _margin_warning(margin: float, layout: Layout, verdict: str) -> tuple[str, ...]:

@@ -142,7 +142,18 @@ class StatePool(Frozen):
     memory_ratio: float = Field(gt=0, description="state pool : KV pool bytes (--mamba-full-memory-ratio)")
     slots_per_request: int = Field(ge=1, description="state slots the pool keeps per running request")
     padding_slots: int = Field(0, ge=0, description="slots the pool holds besides its K")
-    fixed_slots: int | None = Field(None, ge=1, description="K as given (--max-mamba-cache-size per DP rank)")
+    fixed_slots: int | None = Field(
+        None,
+        ge=1,
+        description="K as given (--max-mamba-cache-size, or --max-running-requests without the radix "
+        "cache, per DP rank)",
+    )
+    ssm_dtype: str = Field("fp32", description="the recurrent state's dtype the engine keeps (flag, config, default)")
+    draft_tokens: int = Field(0, ge=0, description="speculative decoding's draft tokens: each slot's scratch states")
+    reserve_requests: int = Field(0, ge=0, description="the running requests whose scratch states are reserved")
+    spec_joint: bool = Field(
+        True, description="K solved with the scratch states (from 0.5.14), else they are reserved first"
+    )
 
 
 class EngineOptions(Frozen):
@@ -545,8 +556,12 @@ _KV_MODELS = Memo(16)  # per model and KV cache dtype, the model as that cache s
 
 
 def with_kv_dtype(model: ModelSpec, layout: Layout) -> ModelSpec:
-    """The model as the layout's KV cache stores it (--kv-cache-dtype), the same object when unchanged."""
+    """The model as the layout's caches store it: the KV cache in --kv-cache-dtype, and linear-attention states in
+    the engine's dtype where the config names none (SGLang's state pool: FP32); the same object when unchanged."""
     dtype = layout.options.kv_cache_dtype
-    if not dtype:
+    pool = layout.options.state_pool
+    lin = model.linear_attention
+    ssm = pool.ssm_dtype if pool and lin and lin.ssm_dtype != pool.ssm_dtype else None
+    if not dtype and not ssm:
         return model
-    return _KV_MODELS.get((model,), dtype, lambda: model.with_overrides(kv_dtype=dtype))
+    return _KV_MODELS.get((model,), (dtype, ssm), lambda: model.with_overrides(kv_dtype=dtype, ssm_dtype=ssm))

@@ -28,6 +28,7 @@ from shardwise.spec.model import ModelSpec
 class StateRelease(Frozen):
     since: str
     padding_slots: int = Field(ge=0, description="slots the pool holds besides K")
+    spec_joint: bool = Field(description="K solved with speculative decoding's scratch states (else reserved first)")
     extra_buffer_architectures: tuple[str, ...] = Field(
         description="architectures whose radix cache resolves to the extra_buffer strategy unset (with the overlap "
         "scheduler and the triton linear-attention backend); the others take no_buffer, which turns the overlap "
@@ -49,6 +50,9 @@ class StateTable(Frozen):
         return held[-1] if held else None
 
 
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # --mamba-ssm-dtype's choices
+
+
 @cache
 def state_table() -> StateTable:
     path = Path(str(resources.files("shardwise") / "data" / "engines" / "sglang_state.yaml"))
@@ -65,24 +69,45 @@ def state_pool(f: dict[str, Any], model: ModelSpec, version: Version) -> tuple[S
     if model.linear_attention is None or arch not in table.architectures or release is None:
         return None, False
     overlap = not f.get("disable_overlap_schedule") and f["pp_size"] == 1
-    if f.get("disable_radix_cache"):
-        slots, no_overlap = 1, False
-    elif arch in release.extra_buffer_architectures and (overlap or (f["page_size"] or 1) > 1):
-        slots, no_overlap = table.base_slots + table.tracking_slots["overlap" if overlap else "no_overlap"], False
+    strategy = f.get("mamba_radix_cache_strategy") or "auto"
+    if strategy == "auto":  # extra_buffer where the model and the triton backend support it, else no_buffer
+        supported = arch in release.extra_buffer_architectures and f.get("linear_attn_backend", "triton") == "triton"
+        strategy = "extra_buffer" if supported and (overlap or (f["page_size"] or 1) > 1) else "no_buffer"
+        no_overlap = strategy == "no_buffer"  # which turns the overlap scheduler off
     else:
-        slots, no_overlap = table.base_slots, True
+        no_overlap = False
+    if f.get("disable_radix_cache"):
+        slots = 1
+    elif strategy == "extra_buffer_lazy":
+        slots = table.base_slots + 1
+    elif strategy == "extra_buffer":
+        slots = table.base_slots + table.tracking_slots["overlap" if overlap else "no_overlap"]
+    else:
+        slots = table.base_slots
+    no_overlap = no_overlap and not f.get("disable_radix_cache")
     # under PP every rank charges the fullest stage's share of the linear layers (_handle_max_mamba_cache)
     linear = [i for i, kind in enumerate(model.layer_attention) if kind == "linear"]
     stages = stage_layers(model.num_layers, f["pp_size"], "last")
     fullest = max(sum(i in r for i in linear) for r in stages)
     attn_tp = f["tp_size"] // f["attn_dp_size"] // f["attn_cp_size"]
-    state = model.linear_state_bytes_as(table.ssm_dtype, layers=fullest) / attn_tp
+    # the recurrent state's dtype: the flag's, else the config's, else FP32 (configs/mamba_utils.py mamba2_state_dtype)
+    given = f.get("mamba_ssm_dtype")
+    ssm = _DTYPES[given] if given else model.linear_attention.ssm_dtype or table.ssm_dtype
+    state = model.with_overrides(ssm_dtype=ssm).linear_state_bytes_as(None, layers=fullest) / attn_tp
+    dp, running = f["attn_dp_size"], f.get("max_running_requests")
     fixed = f.get("max_mamba_cache_size")
+    if fixed is None and f.get("disable_radix_cache") and running:
+        fixed = running  # one slot per running request, as many as it allows (_handle_max_mamba_cache)
+    draft = f.get("speculative_num_draft_tokens") or 0 if f.get("speculative_algorithm") else 0
     pool = StatePool(
         state_bytes=state,
+        ssm_dtype=ssm,
         memory_ratio=f.get("mamba_full_memory_ratio") or table.memory_ratio,
         slots_per_request=slots,
         padding_slots=release.padding_slots,
-        fixed_slots=max(1, fixed // f["attn_dp_size"]) if fixed else None,
+        fixed_slots=max(1, fixed // dp) if fixed else None,
+        draft_tokens=draft,
+        reserve_requests=max(1, running // dp) if draft and running else 0,
+        spec_joint=release.spec_joint,
     )
     return pool, no_overlap

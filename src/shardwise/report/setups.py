@@ -140,7 +140,9 @@ def check_view(
 
 def _memory_table(memory: MemoryLedger) -> Table:
     table = Table(title="memory per GPU (GiB = 2^30 bytes)", title_justify="left")
-    for col in ("GPU", "stage", "capacity", "weights", "KV cache", "runtime", "activations", "CUDA graphs", "free"):
+    states = bool(memory.state_pool_bytes)
+    kv = "KV cache + states" if states else "KV cache"
+    for col in ("GPU", "stage", "capacity", "weights", kv, "runtime", "activations", "CUDA graphs", "free"):
         table.add_column(col, justify="right")
     rows = memory.per_gpu
     shown = rows if len(rows) <= 16 else [r for r in rows if r.gpu % max(1, len(rows) // 8) == 0]
@@ -153,7 +155,7 @@ def _memory_table(memory: MemoryLedger) -> Table:
                 for v in (
                     r.capacity_bytes,
                     r.weights_bytes,
-                    r.kv_bytes,
+                    r.kv_bytes + r.state_bytes,
                     r.runtime_bytes,
                     r.activation_bytes,
                     r.cuda_graph_bytes,

@@ -333,10 +333,12 @@ def _memory_line(c: Candidate) -> str:
     opts = c.layout.options
     gib = 2**30
     fraction = f"memory fraction {opts.memory_fraction:.2f}" if opts.memory_fraction is not None else "its memory rule"
+    states = f"linear-attention states {row.state_bytes / gib:.1f}, " if row.state_bytes else ""
     return (
         f"Each GPU at {fraction}: weights {row.weights_bytes / gib:.1f} GiB, KV cache {row.kv_bytes / gib:.1f}, "
-        f"CUDA stack and buffers {row.runtime_bytes / gib:.1f}, activation peak {row.activation_bytes / gib:.1f}, "
-        f"CUDA graphs {row.cuda_graph_bytes / gib:.1f}; {row.free_bytes / gib:.1f} GiB left over"
+        f"{states}CUDA stack and buffers {row.runtime_bytes / gib:.1f}, "
+        f"activation peak {row.activation_bytes / gib:.1f}, CUDA graphs {row.cuda_graph_bytes / gib:.1f}; "
+        f"{row.free_bytes / gib:.1f} GiB left over"
         f"{_kept_for(opts, raised=c.variant.memory_fraction is not None)}."
     )
 

@@ -231,9 +231,15 @@ class ModelSpec(Frozen):
         count = sum(kind == "linear" for kind in self.layer_attention) if layers is None else layers
         return count * (conv + recurrent)
 
-    def with_overrides(self, *, weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelSpec:
-        """A what-if copy: weights forced to a format ("fp8", "experts=int4,attention=fp8"), KV dtype changed."""
+    def with_overrides(
+        self, *, weight_dtype: str | None = None, kv_dtype: str | None = None, ssm_dtype: str | None = None
+    ) -> ModelSpec:
+        """A what-if copy: weights forced to a format ("fp8", "experts=int4,attention=fp8"), KV dtype changed, the
+        linear-attention recurrent state's dtype set."""
         update: dict[str, object] = {}
+        if ssm_dtype and self.linear_attention is not None:
+            kv_dtype_bytes(ssm_dtype)  # validates the name
+            update["linear_attention"] = self.linear_attention.model_copy(update={"ssm_dtype": ssm_dtype})
         if weight_dtype:
             base = self.quant.base if isinstance(self.quant, OverriddenScheme) else self.quant
             update["quant"] = parse_weight_override(weight_dtype, base)
