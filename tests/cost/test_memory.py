@@ -434,3 +434,26 @@ def test_the_radix_cache_strategy_and_linear_attention_backend_set_the_slots_a_r
     other, layout = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--linear-attn-backend flashinfer", "0.5.23")
     assert other.max_running_requests_per_rank == other.state_slots_per_rank // 3  # no extra buffer for it
     assert not layout.options.overlap_schedule
+
+
+@pytest.mark.parametrize(
+    ("version", "cluster", "cell"),
+    [
+        ("0.5.9", "8xb200", 78 * 656 + 78 * 132),  # flashmla_kv's scaled latents on every GPU
+        ("0.5.14", "8xrtx-pro-6000", 78 * 576 + 78 * 132),  # trtllm from SM 10 on, SM 12 included
+        ("0.5.17", "8xrtx-pro-6000", 78 * 656 + 78 * 132),  # GLM-5 on SM 12.x: flashinfer_sparse_mla
+    ],
+)
+def test_sglangs_sparse_attention_layout_by_release(version, cluster, cell):
+    spec, box = load_model("glm-5.1-nvfp4"), load_cluster(cluster)
+    setup = get_engine("sglang").resolve(argv("sglang", "--tp 8"), model=spec, cluster=box, version=version)
+    assert memory_ledger(spec, setup.layout, box).kv_bytes_per_token == cell
+
+
+def test_glm_5_2s_reused_layers_keep_no_indexer_keys_from_0_5_18():
+    spec, box = load_model("glm-5.2-nvfp4"), load_cluster("8xb200")
+    cells = {}
+    for version in ("0.5.17", "0.5.18"):
+        setup = get_engine("sglang").resolve(argv("sglang", "--tp 8"), model=spec, cluster=box, version=version)
+        cells[version] = memory_ledger(spec, setup.layout, box).kv_bytes_per_token
+    assert cells == {"0.5.17": 78 * 576 + 78 * 132, "0.5.18": 78 * 576 + 21 * 132}

@@ -253,3 +253,21 @@ def test_allreduce_rms_fusion_is_read_from_033_on():
     older = VLLM.resolve("-tp 8".split(), model=load_model("llama-3.1-70b"), cluster=load_cluster("8xh100"),
                          version="0.11.0")  # fmt: skip
     assert older.layout.options.allreduce_norm_fusion_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "refused"),
+    [
+        ("m -tp 2 -dp 4 -ep -dcp 2", True),  # 32 heads a GPU: not the mixed-batch FP8 path
+        ("m -tp 8 -dcp 2", False),  # 8 heads, 16 gathered: both pad to 64
+        ("m -tp 8 -dcp 8", False),  # 64 gathered still pad to 64
+        ("m -tp 4 -dp 2 -ep -dcp 4", False),  # 16 → 64
+    ],
+)
+def test_flashmla_sparse_serves_dcp_only_on_its_mixed_fp8_path(flags, refused):
+    """GLM-5.1 NVFP4 on H200: its FP8 cache (fp8_ds_mla) runs FlashMLA's sparse backend, whose DCP needs fewer
+    than 32 heads a GPU and the same kernel padding for the local and gathered heads."""
+    setup = resolve(flags, model="glm-5.1-nvfp4", cluster="8xh200")
+    assert ("sparse_mla_dcp" in rules(setup)) is refused
+    on_blackwell = resolve(flags, model="glm-5.1-nvfp4", cluster="8xb200")
+    assert "sparse_mla_dcp" not in rules(on_blackwell)  # another backend there

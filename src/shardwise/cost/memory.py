@@ -298,7 +298,10 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
     cell = stage_tensors(model, layout, layers) * per_layer
     # sparse attention's indexer keys: whole on every DCP rank, where the latent is interleaved (SGLang
     # model_executor/pool_configurator.py _compute_cell_size)
-    cell += model.index_bytes_per_token(layers) * layout.dcp
+    index = model.index_bytes_per_token(layers)
+    if layout.options.index_keys_every_layer and model.attention.sparse is not None:
+        index = len(layers) * model.attention.sparse.key_bytes
+    cell += index * layout.dcp
     return cell + (cell * max(1, model.num_mtp_layers) / model.num_layers if mtp else 0.0)
 
 
@@ -306,7 +309,16 @@ def _stage_cells(book: PriceBook, model: ModelSpec, layout: Layout) -> tuple[lis
     """`kv_bytes_per_token` and `stage_tensors` of each stage's layers, kept in the book by what they read of the
     layout (a search sizes each structure's KV cache with several option sets)."""
     opts = layout.options
-    key = (layout.pp, layout.pp_extra_layers, layout.attn_tp, layout.dcp, opts.spec, opts.window_pool, opts.window_kv)
+    key = (
+        layout.pp,
+        layout.pp_extra_layers,
+        layout.attn_tp,
+        layout.dcp,
+        opts.spec,
+        opts.window_pool,
+        opts.window_kv,
+        opts.index_keys_every_layer,
+    )
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
 
     def sized() -> tuple[tuple[float, ...], tuple[int, ...]]:

@@ -230,6 +230,9 @@ class EngineOptions(Frozen):
     window_pool: WindowPool | None = Field(
         None, description="sliding-window layers keep their tokens in a pool of their own (SGLang's hybrid SWA memory)"
     )
+    index_keys_every_layer: bool = Field(
+        False, description="sparse attention's indexer keys cached in every layer, not only those that run one"
+    )
     state_pool: StatePool | None = Field(
         None, description="linear-attention states in a pool of their own beside the KV pool (SGLang's mamba pool)"
     )

@@ -338,7 +338,14 @@ def _sparse_attention(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec,
         notes.append(
             Note(kind="rewrite", message=f"sparse attention caches in {f['kv_cache_dtype']} here", source=source)
         )
-    f["kv_layout_scaled"] = f["kv_cache_dtype"].startswith("fp8") and capability in rule["scaled_fp8_capabilities"]
+    held = [r for r in rule["releases"] if Version(r["since"]) <= version]
+    if not held:
+        return notes
+    release = held[-1]
+    archs = release["scaled"].get(capability, ())
+    scaled = "*" in archs or (model.wrapper_architecture or model.architecture) in archs
+    f["kv_layout_scaled"] = f["kv_cache_dtype"].startswith("fp8") and scaled
+    f["index_keys_every_layer"] = release["index_keys_every_layer"]
     return notes
 
 
@@ -380,6 +387,7 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         page_size=f["page_size"],
         window_pool=windows,
         state_pool=states,
+        index_keys_every_layer=bool(f.get("index_keys_every_layer")),
         spec=spec,
         scheduler=_scheduler(
             mixed_batches=bool(f.get("enable_mixed_chunk")) and chunk is not None,  # needs chunked prefill

@@ -97,7 +97,8 @@ def _sparse_attention(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec,
         return []
     rule, dtype = flag_table("vllm").sparse_attention, f["kv_cache_dtype"]
     f.setdefault("block_size", rule["block_size"])
-    if dtype == "auto" and (capability in rule["fp8_capabilities"] or model.kv_dtype.startswith("fp8")):
+    glm = (model.wrapper_architecture or model.architecture) in rule["fp8_architectures"]
+    if dtype == "auto" and ((glm and capability in rule["fp8_capabilities"]) or model.kv_dtype.startswith("fp8")):
         dtype = "fp8"  # an FP8 checkpoint's cache is FP8 unset, as everywhere here
     scaled = dtype.startswith("fp8") and capability in rule["scaled_fp8_capabilities"]
     if scaled or (dtype == "auto" and capability in rule["scaled_auto_capabilities"]):

@@ -132,6 +132,43 @@ def dcp_rules(ctx: Context) -> Rejection | None:
     return None
 
 
+def sparse_mla_dcp(ctx: Context) -> Rejection | None:
+    """DCP on FlashMLA's sparse backend with an FP8 cache (fp8_ds_mla on SM 9.0): the backend serves it only on its
+    mixed-batch FP8 path, taken under 32 local heads, and only where the local and the DCP-gathered heads pad to
+    the same FP8 decode kernel (64 heads up to 64, else 128): v1/attention/backends/mla/flashmla_sparse.py
+    FlashMLASparseMetadataBuilder.__init__ (0.33 and 0.34, without prefill CP)."""
+    f, att = ctx.flags, ctx.model.attention
+    dcp = f["decode_context_parallel_size"]
+    on_backend = ctx.cluster.gpu.compute_capability.value == "9.0" and f.get("kv_cache_dtype") == "fp8_ds_mla"
+    if att.sparse is None or dcp == 1 or not on_backend or f["prefill_context_parallel_size"] > 1:
+        return None
+    local = att.num_heads // f["tensor_parallel_size"]
+
+    def padded(heads: int) -> int:
+        return 64 if heads <= 64 else 128
+
+    if local >= 32:
+        message = (
+            "DCP for FlashMLA sparse is only supported on the mixed-batch fp8 path (num_heads < 32); the separate "
+            "prefill/decode path returns the LSE for decode tokens only, while the DCP merge needs it for every token"
+        )
+    elif padded(local) != padded(local * dcp):
+        message = (
+            "DCP for FlashMLA sparse requires the local and DCP-gathered head counts to pad to the same fp8 decode "
+            f"kernel envelope; got {local} local heads (pad to {padded(local)}) vs {local * dcp} gathered heads (pad "
+            f"to {padded(local * dcp)})"
+        )
+    else:
+        return None
+    return Rejection(
+        rule="sparse_mla_dcp",
+        stage="load",
+        reason=f"{local} attention heads per GPU under DCP {dcp} on FlashMLA's sparse FP8 backend: {message}",
+        engine_error=f"NotImplementedError: {message}",
+        source=_src(ctx, "v1/attention/backends/mla/flashmla_sparse.py FlashMLASparseMetadataBuilder.__init__"),
+    )
+
+
 def eplb_rules(ctx: Context) -> Rejection | None:
     f, moe = ctx.flags, ctx.model.moe
     redundant = (f.get("eplb_config") or {}).get("num_redundant_experts", 0)
@@ -389,6 +426,7 @@ RULES: list[Rule] = [
     kv_heads_per_rank,
     ep_needs_moe,
     dcp_rules,
+    sparse_mla_dcp,
     eplb_rules,
     partitions,
     memory_utilization,
