@@ -466,10 +466,15 @@ def _ranked_table(t: Theory, top: int) -> Table:
                 if priced
                 else ()
             ),
-            p.bound.replace("kv_capacity", "KV"),
+            p.bound.replace("kv_capacity", _capacity(c, t)),
             str(c.memory.max_concurrency(isl=t.result.case.isl, osl=t.result.case.osl)),
         )
     return table
+
+
+def _capacity(c: Candidate, t: Theory) -> str:
+    """The pool whose capacity queues requests: the KV pool, or the linear-attention state pool."""
+    return "states" if "state" in c.memory.holder(isl=t.result.case.isl, osl=t.result.case.osl) else "KV"
 
 
 def _winners_table(t: Theory) -> Table:
