@@ -457,3 +457,19 @@ def test_glm_5_2s_reused_layers_keep_no_indexer_keys_from_0_5_18():
         setup = get_engine("sglang").resolve(argv("sglang", "--tp 8"), model=spec, cluster=box, version=version)
         cells[version] = memory_ledger(spec, setup.layout, box).kv_bytes_per_token
     assert cells == {"0.5.17": 78 * 576 + 78 * 132, "0.5.18": 78 * 576 + 21 * 132}
+
+
+def test_sglang_0_5_9_runs_speculative_hybrids_without_the_radix_cache_a_slot_a_request():
+    """0.5.9, NEXTN with 4 draft tokens and 64 running requests (the PCIe set's Qwen3.5 command): no_buffer turns the
+    radix cache off under speculative decoding, so K is the 64 running requests, one slot each, and their 4 draft
+    tokens' scratch states are taken off the KV budget first: 64 · S · (1 + 4)."""
+    flags = "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+    memory, _ = _state_ledger(
+        "qwen3.5-397b-a17b-nvfp4",
+        flags + "--speculative-num-draft-tokens 4 --max-running-requests 64 --mem-fraction-static 0.97",
+        "0.5.9",
+        tp=4,
+    )
+    state = memory.state_bytes_per_request
+    assert memory.state_slots_per_rank == 64 and memory.max_running_requests_per_rank == 64
+    assert memory.state_pool_bytes == pytest.approx(64 * state * (1 + 4))

@@ -76,7 +76,11 @@ def state_pool(f: dict[str, Any], model: ModelSpec, version: Version) -> tuple[S
         no_overlap = strategy == "no_buffer"  # which turns the overlap scheduler off
     else:
         no_overlap = False
-    if f.get("disable_radix_cache"):
+    spec = bool(f.get("speculative_algorithm"))
+    # before 0.5.14 speculative decoding under no_buffer runs without the radix cache (0.5.9 server_args.py
+    # _handle_mamba_radix_cache): a slot per running request
+    radix_off = f.get("disable_radix_cache") or (spec and strategy == "no_buffer" and not release.spec_joint)
+    if radix_off:
         slots = 1
     elif strategy == "extra_buffer_lazy":
         slots = table.base_slots + 1
@@ -84,7 +88,7 @@ def state_pool(f: dict[str, Any], model: ModelSpec, version: Version) -> tuple[S
         slots = table.base_slots + table.tracking_slots["overlap" if overlap else "no_overlap"]
     else:
         slots = table.base_slots
-    no_overlap = no_overlap and not f.get("disable_radix_cache")
+    no_overlap = no_overlap and not radix_off
     # under PP every rank charges the fullest stage's share of the linear layers (_handle_max_mamba_cache)
     linear = [i for i, kind in enumerate(model.layer_attention) if kind == "linear"]
     stages = stage_layers(model.num_layers, f["pp_size"], "last")
@@ -96,9 +100,9 @@ def state_pool(f: dict[str, Any], model: ModelSpec, version: Version) -> tuple[S
     state = model.with_overrides(ssm_dtype=ssm).linear_state_bytes_as(None, layers=fullest) / attn_tp
     dp, running = f["attn_dp_size"], f.get("max_running_requests")
     fixed = f.get("max_mamba_cache_size")
-    if fixed is None and f.get("disable_radix_cache") and running:
+    if fixed is None and radix_off and running:
         fixed = running  # one slot per running request, as many as it allows (_handle_max_mamba_cache)
-    draft = f.get("speculative_num_draft_tokens") or 0 if f.get("speculative_algorithm") else 0
+    draft = f.get("speculative_num_draft_tokens") or 0 if spec else 0
     pool = StatePool(
         state_bytes=state,
         ssm_dtype=ssm,
