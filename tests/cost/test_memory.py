@@ -473,3 +473,11 @@ def test_sglang_0_5_9_runs_speculative_hybrids_without_the_radix_cache_a_slot_a_
     state = memory.state_bytes_per_request
     assert memory.state_slots_per_rank == 64 and memory.max_running_requests_per_rank == 64
     assert memory.state_pool_bytes == pytest.approx(64 * state * (1 + 4))
+
+
+def test_under_pp_qwen3_5_holds_four_slots_a_request():
+    """SGLang resolves the extra_buffer strategy before PP turns the overlap scheduler off, so a PP2 request holds 3
+    slots + 1 tracking slot (the one for a scheduler without overlap)."""
+    memory, layout = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--pp-size 2", "0.5.23", tp=4)
+    assert memory.max_running_requests_per_rank == memory.state_slots_per_rank // 4
+    assert not layout.options.overlap_schedule

@@ -68,11 +68,16 @@ def state_pool(f: dict[str, Any], model: ModelSpec, version: Version) -> tuple[S
     release = table.release(version)
     if model.linear_attention is None or arch not in table.architectures or release is None:
         return None, False
-    overlap = not f.get("disable_overlap_schedule") and f["pp_size"] == 1
+    # the strategy is resolved with the model's adjustments, before PP turns the overlap scheduler off (0.5.14
+    # server_args.py __post_init__: _handle_model_specific_adjustments, then _handle_pipeline_parallelism; 0.5.23
+    # arg_groups/pipeline.py run_resolution_pipeline: handle_model_specific_adjustments, then
+    # _pipeline_parallel_overlap_disable); the slots it tracks follow the scheduler that runs
+    wanted = not f.get("disable_overlap_schedule")
+    overlap = wanted and f["pp_size"] == 1
     strategy = f.get("mamba_radix_cache_strategy") or "auto"
     if strategy == "auto":  # extra_buffer where the model and the triton backend support it, else no_buffer
         supported = arch in release.extra_buffer_architectures and f.get("linear_attn_backend", "triton") == "triton"
-        strategy = "extra_buffer" if supported and (overlap or (f["page_size"] or 1) > 1) else "no_buffer"
+        strategy = "extra_buffer" if supported and (wanted or (f["page_size"] or 1) > 1) else "no_buffer"
         no_overlap = strategy == "no_buffer"  # which turns the overlap scheduler off
     else:
         no_overlap = False
