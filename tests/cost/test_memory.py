@@ -481,3 +481,9 @@ def test_under_pp_qwen3_5_holds_four_slots_a_request():
     memory, layout = _state_ledger("qwen3.5-397b-a17b-nvfp4", "--pp-size 2", "0.5.23", tp=4)
     assert memory.max_running_requests_per_rank == memory.state_slots_per_rank // 4
     assert not layout.options.overlap_schedule
+
+
+@pytest.mark.parametrize("flags", ["--mamba-full-memory-ratio 0", "--max-mamba-cache-size -5"])
+def test_a_state_pool_that_holds_no_request_does_not_start(flags):
+    memory, _ = _state_ledger("qwen3.5-397b-a17b-nvfp4", flags, "0.5.23")
+    assert memory.verdict == "no_kv_room" and "state pool holds 0 slots" in memory.reason

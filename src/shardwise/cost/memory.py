@@ -410,6 +410,19 @@ def memory_ledger(
         window_pool_tokens=window_pool_tokens,
         checked=partial(_checked_per_stage, layout, capacity, stage_weights, cells, rt=rt, act=act, graphs=graphs),
     )
+    if (
+        verdict == "ok"
+        and opts.state_pool
+        and state_slots is not None
+        and state_slots < opts.state_pool.slots_per_request
+    ):
+        verdict, reason = (
+            "no_kv_room",
+            (
+                f"the linear-attention state pool holds {state_slots} slots, fewer than the "
+                f"{opts.state_pool.slots_per_request} one running request holds"
+            ),
+        )
     state = model.linear_state_bytes / max(1, layout.attn_tp)
     return MemoryLedger(
         verdict=verdict,

@@ -139,12 +139,12 @@ class StatePool(Frozen):
     _handle_max_mamba_cache)."""
 
     state_bytes: float = Field(gt=0, description="one request's state on one GPU of the fullest stage")
-    memory_ratio: float = Field(gt=0, description="state pool : KV pool bytes (--mamba-full-memory-ratio)")
+    memory_ratio: float = Field(ge=0, description="state pool : KV pool bytes (--mamba-full-memory-ratio)")
     slots_per_request: int = Field(ge=1, description="state slots the pool keeps per running request")
     padding_slots: int = Field(0, ge=0, description="slots the pool holds besides its K")
     fixed_slots: int | None = Field(
         None,
-        ge=1,
+        ge=0,
         description="K as given (--max-mamba-cache-size, or --max-running-requests without the radix "
         "cache, per DP rank)",
     )

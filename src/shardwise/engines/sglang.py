@@ -325,7 +325,8 @@ def _sparse_attention(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec,
     capability = cluster.gpu.compute_capability.value
     if model.attention.sparse is None or capability.startswith("gfx"):
         return []
-    rule, notes = flag_table("sglang").sparse_attention, []
+    table, notes = flag_table("sglang"), []
+    rule = table.sparse_attention
     source = f"sglang {version} arg_groups/model_overrides/deepseek_v2.py, arg_groups/overrides.py"
     if f["page_size"] != rule["page_size"]:
         f["page_size"] = rule["page_size"]
@@ -338,10 +339,7 @@ def _sparse_attention(f: dict[str, Any], model: ModelSpec, cluster: ClusterSpec,
         notes.append(
             Note(kind="rewrite", message=f"sparse attention caches in {f['kv_cache_dtype']} here", source=source)
         )
-    held = [r for r in rule["releases"] if Version(r["since"]) <= version]
-    if not held:
-        return notes
-    release = held[-1]
+    release = table.since(rule["releases"], version)
     archs = release["scaled"].get(capability, ())
     scaled = "*" in archs or (model.wrapper_architecture or model.architecture) in archs
     f["kv_layout_scaled"] = f["kv_cache_dtype"].startswith("fp8") and scaled

@@ -102,19 +102,19 @@ def state_pool(f: dict[str, Any], model: ModelSpec, version: Version) -> tuple[S
     # the recurrent state's dtype: the flag's, else the config's, else FP32 (configs/mamba_utils.py mamba2_state_dtype)
     given = f.get("mamba_ssm_dtype")
     ssm = _DTYPES[given] if given else model.linear_attention.ssm_dtype or table.ssm_dtype
-    state = model.with_overrides(ssm_dtype=ssm).linear_state_bytes_as(None, layers=fullest) / attn_tp
+    state = model.with_overrides(ssm_dtype=ssm).linear_state_bytes_of(fullest) / attn_tp
     dp, running = f["attn_dp_size"], f.get("max_running_requests")
-    fixed = f.get("max_mamba_cache_size")
+    fixed, ratio = f.get("max_mamba_cache_size"), f.get("mamba_full_memory_ratio")
     if fixed is None and radix_off and running:
         fixed = running  # one slot per running request, as many as it allows (_handle_max_mamba_cache)
     draft = f.get("speculative_num_draft_tokens") or 0 if spec else 0
     pool = StatePool(
         state_bytes=state,
         ssm_dtype=ssm,
-        memory_ratio=f.get("mamba_full_memory_ratio") or table.memory_ratio,
+        memory_ratio=table.memory_ratio if ratio is None else max(0.0, ratio),
         slots_per_request=slots,
         padding_slots=release.padding_slots,
-        fixed_slots=max(1, fixed // dp) if fixed else None,
+        fixed_slots=max(0, fixed // dp) if fixed is not None else None,
         draft_tokens=draft,
         reserve_requests=max(1, running // dp) if draft and running else 0,
         spec_joint=release.spec_joint,

@@ -209,27 +209,25 @@ class ModelSpec(Frozen):
 
     @property
     def linear_state_bytes(self) -> float:
-        """Fixed per-sequence state of all linear-attention layers (`linear_state_bytes_as`), its recurrent part in
-        the dtype the config names, else the model dtype (vLLM's reading; SGLang's is float32:
-        engines/sglang_state.py)."""
-        return self.linear_state_bytes_as(None)
+        """Fixed per-sequence state of all linear-attention layers (`linear_state_bytes_of`)."""
+        return self.linear_state_bytes_of(sum(kind == "linear" for kind in self.layer_attention))
 
-    def linear_state_bytes_as(self, default_ssm_dtype: str | None, layers: int | None = None) -> float:
-        """The state of `layers` linear-attention layers (default all) of one sequence: the conv window in the
-        model dtype plus the recurrent state (value heads × key dim × value dim) in the dtype the config names
-        (mamba_ssm_dtype), else `default_ssm_dtype`, else the model dtype. Both engines keep the conv window in the
-        model dtype whatever the KV cache stores (SGLang configs/mamba_utils.py mamba2_state_dtype; vLLM
-        layers/mamba/mamba_utils.py _mamba_state_dtype, whose "auto" is the model dtype) and take the config's
-        mamba_ssm_dtype for the recurrent state (vLLM model_executor/models/config.py for Qwen3.5)."""
+    def linear_state_bytes_of(self, layers: int) -> float:
+        """The state of `layers` linear-attention layers of one sequence: the conv window in the model dtype plus
+        the recurrent state (value heads × key dim × value dim) in the dtype the config names (mamba_ssm_dtype),
+        else the model dtype. Both engines keep the conv window in the model dtype whatever the KV cache stores
+        (SGLang configs/mamba_utils.py mamba2_state_dtype; vLLM layers/mamba/mamba_utils.py _mamba_state_dtype,
+        whose "auto" is the model dtype) and take the config's mamba_ssm_dtype for the recurrent state (vLLM
+        model_executor/models/config.py for Qwen3.5); where the config names none vLLM keeps the model dtype and
+        SGLang FP32, which its layouts set (engines/sglang_state.py, `with_overrides(ssm_dtype=...)`)."""
         lin = self.linear_attention
         if lin is None:
             return 0.0
         conv_channels = 2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim
         conv = (lin.conv_kernel - 1) * conv_channels * kv_dtype_bytes(self.dtype)
         recurrent_elements = lin.num_value_heads * lin.key_head_dim * lin.value_head_dim
-        recurrent = recurrent_elements * kv_dtype_bytes(lin.ssm_dtype or default_ssm_dtype or self.dtype)
-        count = sum(kind == "linear" for kind in self.layer_attention) if layers is None else layers
-        return count * (conv + recurrent)
+        recurrent = recurrent_elements * kv_dtype_bytes(lin.ssm_dtype or self.dtype)
+        return layers * (conv + recurrent)
 
     def with_overrides(
         self, *, weight_dtype: str | None = None, kv_dtype: str | None = None, ssm_dtype: str | None = None
