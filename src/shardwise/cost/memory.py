@@ -297,11 +297,11 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
         return cell + (per_layer * max(1, model.num_mtp_layers) if mtp else 0.0)
     cell = stage_tensors(model, layout, layers) * per_layer
     # sparse attention's indexer keys: whole on every DCP rank, where the latent is interleaved (SGLang
-    # model_executor/pool_configurator.py _compute_cell_size)
+    # model_executor/pool_configurator.py _compute_cell_size), or like it a rank's own tokens' alone (vLLM)
     index = model.index_bytes_per_token(layers)
     if layout.options.index_keys_every_layer and model.attention.sparse is not None:
         index = len(layers) * model.attention.sparse.key_bytes
-    cell += index * layout.dcp
+    cell += index * (1 if layout.options.index_keys_sharded else layout.dcp)
     return cell + (cell * max(1, model.num_mtp_layers) / model.num_layers if mtp else 0.0)
 
 
@@ -318,6 +318,7 @@ def _stage_cells(book: PriceBook, model: ModelSpec, layout: Layout) -> tuple[lis
         opts.window_pool,
         opts.window_kv,
         opts.index_keys_every_layer,
+        opts.index_keys_sharded,
     )
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
 

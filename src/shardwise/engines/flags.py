@@ -8,6 +8,7 @@ fail exactly where the engine's parser fails, with the same message.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 from functools import cache, cached_property
@@ -134,6 +135,9 @@ class FlagTable(Frozen):
     memory_tiers: tuple[dict[str, Any], ...] = ()
     scheduler: dict[str, Any] = Field(default_factory=dict, description="SchedulerPolicy fields, with sources")
     underscores_to_dashes: bool = Field(False, description="the parser rewrites --opt_name to --opt-name first")
+    dotted_args: bool = Field(
+        False, description="the parser merges -X.a.b=v (or -X.a.b v) into the JSON value of X before it parses"
+    )
     positional_model_launchers: tuple[tuple[str, ...], ...] = Field(
         (), description="launchers that take the model as first positional and rewrite it to model_flag"
     )
@@ -252,9 +256,7 @@ def _parser(table: FlagTable, version: Version) -> _Parser:
 def parse_flags(table: FlagTable, argv: list[str], version: Version) -> dict[str, Any]:
     """The options shardwise models, by canonical name, as the engine's parser reads `argv`.
     Raises EngineArgError with the engine's own message for an unknown, ambiguous or malformed option."""
-    if table.underscores_to_dashes:
-        argv = [_dashed(a) for a in argv]
-    namespace = _parser(table, version).parse_args(argv)
+    namespace = _parser(table, version).parse_args(_preprocessed(table, argv))
     values = {k: v for k, v in vars(namespace).items() if not k.startswith("_other") and v is not None}
     return values
 
@@ -274,10 +276,8 @@ def _set_apart_from_default(option: Option, value: Any) -> bool:
 def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tuple[str, ...]:
     """The options of `argv` the engine parses and shardwise does not model (its `other_flags`), as given, less
     the addressing ones, each the engine parses and never reads said so; empty for a command the parser refuses."""
-    if table.underscores_to_dashes:
-        argv = [_dashed(a) for a in argv]
     try:
-        namespace = _parser(table, version).parse_args(argv)
+        namespace = _parser(table, version).parse_args(_preprocessed(table, argv))
     except EngineArgError:
         return ()
     out = []
@@ -298,11 +298,49 @@ def unmodelled_flags(table: FlagTable, argv: list[str], version: Version) -> tup
     return tuple(out)
 
 
+def _preprocessed(table: FlagTable, argv: list[str]) -> list[str]:
+    """`argv` as the engine's parser rewrites it before parsing (vLLM's FlexibleArgumentParser.parse_args,
+    vllm/utils/argparse_utils.py): underscores to dashes in an option's name up to its first dot; each dotted
+    option (`-cc.pass_config.fuse_allreduce_rms=True`, `--speculative-config.method mtp`) taken out and merged,
+    with the others of its root, into one JSON value given to the root option (a value that is not JSON as text)."""
+    if table.underscores_to_dashes:
+        argv = [_dashed(a) for a in argv]
+    if not table.dotted_args:
+        return argv
+    out, merged, i = [], {}, 0
+    while i < len(argv):
+        token = argv[i]
+        name, has_value, value = token.partition("=")
+        if not (token.startswith("-") and "." in name):
+            out.append(token)
+            i += 1
+            continue
+        if not has_value:
+            if i + 1 >= len(argv):
+                raise EngineArgError(f"argument {name}: expected one argument")
+            value, i = argv[i + 1], i + 1
+        root, *keys = name.split(".")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        node = merged.setdefault(root, {})
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = parsed
+        i += 1
+    for root, value in merged.items():
+        out += [root, json.dumps(value)]
+    return out
+
+
 def _dashed(token: str) -> str:
+    """--opt_name → --opt-name, up to the first dot of the name (vLLM keeps a dotted key's own underscores)."""
     if not token.startswith("--"):
         return token
     name, sep, value = token.partition("=")
-    return name.replace("_", "-") + sep + value
+    head, dot, keys = name.partition(".")
+    return head.replace("_", "-") + dot + keys + sep + value
 
 
 # --- recognising and writing whole commands ---------------------------------------------------------

@@ -233,6 +233,10 @@ class EngineOptions(Frozen):
     index_keys_every_layer: bool = Field(
         False, description="sparse attention's indexer keys cached in every layer, not only those that run one"
     )
+    index_keys_sharded: bool = Field(
+        False,
+        description="DCP ranks cache the indexer keys of their own tokens alone (vLLM), not every token's (SGLang)",
+    )
     state_pool: StatePool | None = Field(
         None, description="linear-attention states in a pool of their own beside the KV pool (SGLang's mamba pool)"
     )

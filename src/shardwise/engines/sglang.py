@@ -167,12 +167,31 @@ def _scheduling(f: dict[str, Any], tier: dict[str, Any], version: Version) -> li
     return notes
 
 
-def _speculative(f: dict[str, Any], version: Version) -> list[Note]:
+# the architectures SGLang drafts 5 steps of a top-4 tree (8 draft tokens) for when none of the three is given; every
+# other takes a chain of 3 (server_args.py auto_choose_speculative_params; arg_groups/speculative_hook.py
+# _auto_choose_speculative_params from 0.5.13)
+WIDE_TREE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
+
+
+def _speculative(f: dict[str, Any], version: Version, model: ModelSpec) -> list[Note]:
     algorithm = f.get("speculative_algorithm")
     notes: list[Note] = []
     if algorithm == "NEXTN":
         f["speculative_algorithm"] = algorithm = "EAGLE"
         notes.append(Note(kind="rewrite", message="NEXTN is an alias of EAGLE", source=f"sglang {version} spec_info"))
+    chosen = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+    if algorithm in EAGLE_WORKER and all(f.get(k) is None for k in chosen):
+        wide = algorithm != "STANDALONE" and model.architecture in WIDE_TREE_ARCHITECTURES
+        f.update(zip(chosen, (5, 4, 8) if wide else (3, 1, 4), strict=True))
+        notes.append(
+            Note(
+                kind="rewrite",
+                message=f"{algorithm} without steps, top-k or draft tokens drafts "
+                f"{f['speculative_num_steps']} steps, top-{f['speculative_eagle_topk']}, "
+                f"{f['speculative_num_draft_tokens']} draft tokens",
+                source=f"sglang {version} {spec_handler(algorithm, version)} (auto_choose_speculative_params)",
+            )
+        )
     if algorithm in DRAFT_KINDS and f.get("max_running_requests") is None:  # each of their handlers (not UNO's)
         f["max_running_requests"] = 48
         notes.append(
@@ -310,7 +329,7 @@ def effective_flags(f: dict[str, Any], *, version: Version, cluster: ClusterSpec
         *_moe_backend(f, version),
         *_cuda_graph(f, tier, version),
         *_scheduling(f, tier, version),
-        *_speculative(f, version),
+        *_speculative(f, version, model),
     ]
     notes += _sparse_attention(f, model, cluster, version)
     notes += _memory(f, model, cluster, version)

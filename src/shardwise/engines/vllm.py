@@ -171,8 +171,17 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         cfg = f["speculative_config"]
         method = str(cfg.get("method", "draft_model"))
         drafted, draft_model = cfg.get("num_speculative_tokens"), cfg.get("model")
+        if method == "mtp":  # the MTP layers of the checkpoint `model` names (the target's own where unset), not a
+            draft_model = None  # second model: config/speculative.py SpeculativeConfig.__post_init__
+        kind = DRAFT_KINDS.get(method)
+        chain = kind in ("eagle", "draft_model") and drafted  # a drafter forward per drafted token, all verified
         spec = SpecDecode(
-            algorithm=method, kind=DRAFT_KINDS.get(method), num_draft_tokens=drafted, draft_model=draft_model
+            algorithm=method,
+            kind=kind,
+            num_steps=drafted if chain else None,
+            topk=1 if chain else None,
+            num_draft_tokens=drafted + 1 if chain else drafted,
+            draft_model=draft_model,
         )
     options = EngineOptions(
         cuda_graph=f["cuda_graph"],
@@ -195,6 +204,9 @@ def layout_of(f: dict[str, Any], model: ModelSpec, version: Version) -> Layout:
         max_model_len=None if f.get("max_model_len") == -1 else f.get("max_model_len") or model.max_position_embeddings,
         page_size=f.get("block_size"),
         window_kv=not f.get("disable_hybrid_kv_cache_manager"),
+        # the indexer's cache is an MLAAttentionSpec, DCP-sharded like every attention spec (v1/kv_cache_interface.py
+        # AttentionSpec.dcp_sharded; model_executor/models/deepseek_v2.py DeepseekV32IndexerCache.get_kv_cache_spec)
+        index_keys_sharded=True,
         overlap_schedule=f["async_scheduling"] if f.get("async_scheduling") is not None else version >= V014,
         spec=spec,
         scheduler=_scheduler(),

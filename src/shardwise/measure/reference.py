@@ -53,8 +53,10 @@ class ReferenceRow(Frozen):
     gpus: str
     command: str
     engine_version: str | None = Field(None, description="the engine release the row was measured on")
-    benchmark: Literal["serving", "one_batch"] = Field(
-        "serving", description="a served load (bench_serving, vllm bench serve) or a static batch (bench_one_batch)"
+    benchmark: Literal["serving", "one_batch", "decode_only"] = Field(
+        "serving",
+        description="a served load (bench_serving, vllm bench serve), a static batch (bench_one_batch), or C streams "
+        "decoding from a prompt already cached (decode benchmarks: no prefill timed)",
     )
     isl: int = Field(ge=1, description="mean prompt tokens per request (the dataset's, when it names one)")
     osl: int = Field(ge=1, description="mean output tokens per request")
@@ -99,8 +101,8 @@ class ReferenceRow(Frozen):
             raise ValueError("a peak gives output_tok_s alone: its load is what it does not record")
         if self.concurrency is None and self.request_rate is None and not self.peak:
             raise ValueError("a measurement needs its load: concurrency (closed loop) or request_rate (open loop)")
-        if self.benchmark == "one_batch" and self.concurrency is None:
-            raise ValueError("a static batch (benchmark: one_batch) needs its size as concurrency")
+        if self.benchmark in ("one_batch", "decode_only") and self.concurrency is None:
+            raise ValueError(f"a {self.benchmark} benchmark needs its streams or batch size as concurrency")
         if self.dataset is not None:
             dataset(self.dataset)  # an unknown name is one clear error
         return self
@@ -121,10 +123,13 @@ class ReferenceRow(Frozen):
         )
 
     def workload_spec(self) -> WorkloadSpec:
-        """The requests as the benchmark sent them: a static batch all at once; a served load with its prompts,
+        """The requests as the benchmark sent them: a static batch all at once; decode-only streams, one request
+        each from a cached prompt (its steady rate is the streams' as they restart); a served load with its prompts,
         rate and cap, lengths drawn from its dataset (seed 0, the tools' default) or fixed at isl / osl."""
         if self.benchmark == "one_batch":
             n, clients, rate = self.concurrency or 1, None, math.inf
+        elif self.benchmark == "decode_only":
+            n, clients, rate = self.concurrency or 1, self.concurrency, math.inf
         else:
             n, clients, rate = self.num_prompts or 1000, self.concurrency, self.request_rate or math.inf
         pairs = dataset(self.dataset).sample(n, seed=0) if self.dataset else ()
@@ -143,6 +148,7 @@ class ReferenceRow(Frozen):
             concurrency=clients,
             request_rate=rate,
             offline=self.benchmark == "one_batch",
+            decode_only=self.benchmark == "decode_only",
             cold_start_s=self.cold_start_s or 0.0,
         )
 
@@ -150,6 +156,8 @@ class ReferenceRow(Frozen):
         """The load as the benchmark ran it, in a few words."""
         if self.benchmark == "one_batch":
             return f"batch {self.concurrency}"
+        if self.benchmark == "decode_only":
+            return f"{self.concurrency} decoding at {self.isl:,}"
         n = self.num_prompts or 1000
         if self.peak:
             return f"peak (predicted at C={self.concurrency})" if self.concurrency else "peak"
@@ -236,9 +244,12 @@ def check_row(
     memory = memory_ledger(checked.model, layout, cluster)
     if memory.verdict != "ok":
         return Checked(row=row, engine=layout.engine, problem=memory.reason, layout_spec=layout, not_modelled=unread)
-    steps = StepTimes(
-        checked.model, layout, cluster, accept_length=row.accept_length, tables=tables, prefill_scale=prefill_scale
-    )
+    try:
+        steps = StepTimes(
+            checked.model, layout, cluster, accept_length=row.accept_length, tables=tables, prefill_scale=prefill_scale
+        )
+    except SpecError as exc:  # a speculative row that states no acceptance, a drafter shardwise does not model
+        return Checked(row=row, engine=layout.engine, problem=str(exc), layout_spec=layout, not_modelled=unread)
     if row.peak:
         row = _at_peak(row, steps, memory)
     workload = row.workload_spec()
