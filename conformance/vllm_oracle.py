@@ -143,6 +143,55 @@ def _stub_cuda_extensions():
 
 
 _stub_cuda_extensions()
+
+
+@_fake
+class _NoCudaRuntime:
+    """cuda-python's runtime bindings (`from cuda import cudart`), absent from this CPU install, which a layer imports
+    for CUDA IPC work (MiniMax-M2's Lamport all-reduce workspace, model_executor/layers/minimax_rms_norm): every call
+    raises, as the runtime does on a host without a driver, and the engine takes its own fallback where it has one
+    (an uncaught one is a crash: this is a fake)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise RuntimeError(f"cuda-python's cudart.{name} has no driver here")
+
+
+def _stub_cuda_python():
+    import importlib.util
+
+    if importlib.util.find_spec("cuda") is None:
+        module = types.ModuleType("cuda")
+        module.cudart = _NoCudaRuntime()
+        STUB_MODULES["cuda"] = sys.modules["cuda"] = module
+
+
+_stub_cuda_python()
+
+
+@_fake
+def _deep_gemm_attribute(attr):
+    if attr.startswith("_"):  # what the import system and inspect ask a module (__file__, __loader__, ...)
+        raise AttributeError(attr)
+    return _KernelStub("deep_gemm", attr)
+
+
+def _stub_deep_gemm():
+    """The DeepGEMM copy the wheel vendors (vllm/third_party/deep_gemm) loads its compiled kernels by path when
+    imported, which fails here; on a GPU host it imports, and vLLM asks for it by importing it (utils/import_utils.py
+    has_deep_gemm: DeepSeek-V3.2 / GLM-5's sparse-attention indexer refuses to build without it). It stands in as a
+    module whose every kernel is a stub: a build that calls one is a crash."""
+    import importlib.machinery
+
+    name = "vllm.third_party.deep_gemm"
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    module.__path__ = []
+    module.__getattr__ = _deep_gemm_attribute
+    STUB_MODULES[name] = sys.modules[name] = module
+
+
 FAKE_OPS_CALLED = []
 BUILDING_MODEL = [False]  # set while the KV stage builds a model on the meta device
 
@@ -187,6 +236,9 @@ class _KernelStub:
 
     def __call__(self, *a, **k):
         raise RuntimeError(f"kernel torch.ops.{self.ns}.{self.name} is a stub here")
+
+
+_stub_deep_gemm()
 
 
 @_fake
@@ -996,16 +1048,53 @@ def _building_on_meta():
 
     saved = {k: getattr(torch.cuda, k) for k in ("Stream", "Event", "current_device")}
     _no_symmetric_memory()
+    _flashinfer_sparse_mla()
     torch.cuda.Stream = _FakeStream
     torch.cuda.Event = _FakeStream
     torch.cuda.current_device = _fake(lambda: torch.device("meta"))
     BUILDING_MODEL[0] = True
     try:
-        yield
+        with _CudaOnMeta():
+            yield
     finally:
         BUILDING_MODEL[0] = False
         for k, v in saved.items():
             setattr(torch.cuda, k, v)
+
+
+def _cuda_on_meta_mode():
+    import torch
+
+    class CudaOnMeta(torch.overrides.TorchFunctionMode):
+        """A tensor a layer asks for on the CUDA device by name while it is built (DeepSeek-V3.2 / GLM-5's shared
+        top-k buffer: models/deepseek_v32/nvidia/model.py, device=current_platform.device_type) lands on the meta
+        device with the rest of the model: the same shape and dtype, no memory."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            device = kwargs.get("device")
+            if device is not None and torch.device(device).type == "cuda":
+                kwargs["device"] = "meta"
+            return func(*args, **kwargs)
+
+    return CudaOnMeta
+
+
+def _CudaOnMeta():  # noqa: N802 (a mode class, made where torch is imported)
+    return _cuda_on_meta_mode()()
+
+
+def _flashinfer_sparse_mla():
+    """vLLM's pinned FlashInfer (flashinfer-python 0.7.2.post1 for 0.33; 0.34 pins 0.7.3) ships the sparse MLA
+    decode API the SM 12.x sparse-attention backend asks for (utils/flashinfer.py has_flashinfer_sparse_mla_sm120:
+    flashinfer.decode.trtllm_batch_decode_sparse_mla_dsv4 and trtllm_batch_decode_with_kv_cache_mla,
+    flashinfer.autotuner.autotune, all in the 0.7.2.post1 wheel); this CPU install has no FlashInfer, so the query
+    answers as a GPU install does. Building the backend calls no FlashInfer kernel."""
+    try:
+        import vllm.utils.flashinfer as flashinfer_utils
+    except ImportError:
+        return
+    flashinfer_utils.has_flashinfer_sparse_mla_sm120 = _fake(lambda: True)
 
 
 def _no_symmetric_memory():

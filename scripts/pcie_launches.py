@@ -10,7 +10,8 @@ The set records its launches in several forms, and each is turned into one comma
 - the set's launcher scripts (`run-glm51-vllm`, `serve-gilded-gnosis.sh`, a compose file), whose variables name
   vLLM's options one to one: TP, DCP, MTP (MTP draft tokens), MAX_NUM_SEQS, MAX_(NUM_)BATCHED_TOKENS,
   MAX_MODEL_LEN, GPU_MEMORY_UTILIZATION (GMU), GRAPH (the CUDA-graph capture size), and 'FP8 KV'; a launcher
-  row that does not state its memory fraction has no command (the script's default is not in the set).
+  row that does not state its memory fraction or context length has no command (the script's defaults are not in
+  the set).
 Values only the set's custom images accept (their own attention, MoE and GEMM kernels, P2P all-reduce flags,
 loaders) are taken out of the command and kept in `not_modelled`; the kernels they name are priced as the
 upstream engine's. A row whose launch is prose ("FP8, 4× GPUs (SGLang)") has no command.
@@ -23,8 +24,8 @@ per_user_tok_s, prefill_tok_s, kv_tokens, accept_rate. Added: `checkpoint` (the 
 `kind` (decode_only, kv_capacity, prefill, single_stream, serving, other), `prompt_tokens` (the prompt the
 engine held, where the notes give the real size of a label), `max_tokens`, `window_s`, `release`, `image` (the
 engine column up to its first bracket: rows are grouped by it), `mtp_tokens` (draft tokens per step), `command`,
-`not_modelled`, `launch_problem`, `excluded` (why a row is left out of error figures: the source flags it INVALID,
-capacity-limited or a warm-up).
+`not_modelled`, `waived` (engine rules the build's own kernels lift), `launch_problem`, `excluded` (why a row is
+left out of error figures: the source flags it INVALID, capacity-limited or a warm-up).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ KEPT = (
 )  # fmt: skip
 ADDED = (
     "checkpoint", "kind", "prompt_tokens", "max_tokens", "window_s", "release", "image", "mtp_tokens", "command",
-    "not_modelled", "launch_problem", "excluded",
+    "not_modelled", "waived", "launch_problem", "excluded",
 )  # fmt: skip
 
 # Option values only the set's custom images know (their own kernels): the option is dropped and listed.
@@ -212,7 +213,11 @@ def _speculative_shorthand(words: list[str]) -> list[str]:
 
 def _nextn_shorthand(words: list[str]) -> list[str]:
     """'NEXTN steps=4 topk=1 draft=3' → SGLang's speculative options."""
-    names = {"steps": "--speculative-num-steps", "topk": "--speculative-eagle-topk", "draft": "--speculative-num-draft-tokens"}
+    names = {
+        "steps": "--speculative-num-steps",
+        "topk": "--speculative-eagle-topk",
+        "draft": "--speculative-num-draft-tokens",
+    }
     out = []
     for w in words:
         found = re.fullmatch(r"(steps|topk|draft)=(\d+)", w)
@@ -357,6 +362,8 @@ def _launcher(text: str, checkpoint: str) -> tuple[list[str], list[str], dict[st
         mtp = re.search(r"num_speculative_tokens=(\d+)", text)
     if not any(k in values for k in ("GPU_MEMORY_UTILIZATION", "GMU")):
         return "a launcher row that does not state its memory fraction (the script's default is not in the set)"
+    if "MAX_MODEL_LEN" not in values:
+        return "a launcher row that does not state its context length (the script's default is not in the set)"
     if not any(k in values for k in ("TP", "TP_SIZE")):
         return "a launcher row that does not state its TP size"
     model = re.search(r"MODEL=([\w.-]+/[\w.-]+)", text) or re.search(r"([\w-]+/GLM-[\w.-]+)@", text)
@@ -400,6 +407,13 @@ def command_of(row: dict[str, str], checkpoint: str) -> tuple[str, str, str]:
     return shlex.join([*assignments, *words]), "; ".join(dropped), ""
 
 
+def waived(row: dict[str, str], command: str) -> str:
+    """Engine rules a build's own kernels lift: a vLLM image with the B12X sparse-MLA backend (its launch or image
+    names B12X) serves DCP and every cache layout on SM 12.x, where upstream vLLM's sparse backend does neither."""
+    text = row["launch_command"] + " " + row["engine"]
+    return "sparse_mla_sm120" if "vllm serve" in command and "B12X" in text else ""
+
+
 def mtp_tokens(command: str) -> str:
     found = re.search(r'"num_speculative_tokens":\s*(\d+)', command)
     if found:
@@ -430,6 +444,7 @@ def convert(source: Path, target: Path) -> None:
                     "mtp_tokens": mtp_tokens(command),
                     "command": command,
                     "not_modelled": dropped,
+                    "waived": waived(row, command),
                     "launch_problem": problem,
                     "excluded": excluded(row),
                 }

@@ -43,6 +43,8 @@ from shardwise.errors import SpecError
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 
 MODELS = ["kimi-k2.6", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-70b"]
+# the newest models run on the user's class of box: sparse MLA (GLM-5.x), hybrid linear attention (Qwen3.5)
+NEW_MODELS = ["glm-5.1-nvfp4", "glm-5.2-nvfp4", "qwen3.5-397b-a17b-nvfp4", "minimax-m2.5"]
 CLUSTERS = ["8xrtx-pro-6000", "8xh100", "8xh200", "2x8xh100"]
 ENGINES = [("sglang", "0.5.23"), ("vllm", "0.33.0"), ("vllm", "0.34.0")]
 SLICE = [
@@ -59,6 +61,8 @@ CI = [  # what CI's time allows: the user's case on each engine release, and a m
     ("kimi-k2.6", "8xrtx-pro-6000", "vllm", "0.33.0"),
     ("kimi-k2.6", "8xrtx-pro-6000", "vllm", "0.34.0"),
     ("llama-3.1-70b", "2x8xh100", "sglang", "0.5.23"),
+    ("glm-5.1-nvfp4", "8xrtx-pro-6000", "sglang", "0.5.23"),
+    ("qwen3.5-397b-a17b-nvfp4", "8xrtx-pro-6000", "sglang", "0.5.23"),
 ]
 ARGUMENT_STAGES = ("parse", "post_init", "resolve", "check", "publish", "config")  # the oracles' stages before any load
 VLLM_PARALLEL = (
@@ -69,7 +73,8 @@ VLLM_PARALLEL = (
     "all2all_backend",
 )  # as both name them
 CASES = {
-    "full": [(m, c, e, v) for m in MODELS for c in CLUSTERS for e, v in ENGINES],
+    "full": [(m, c, e, v) for m in MODELS for c in CLUSTERS for e, v in ENGINES]
+    + [(m, c, "sglang", "0.5.23") for m in NEW_MODELS for c in ("8xrtx-pro-6000", "8xh200")],
     "ci": CI,
 }.get(os.environ.get("SHARDWISE_CONFORMANCE", ""), SLICE)
 

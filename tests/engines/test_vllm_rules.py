@@ -82,11 +82,16 @@ def test_kv_heads_that_neither_split_nor_replicate(odd_kv_model):
 
 
 def test_fp8_block_slices_without_ep():
-    # DeepSeek-V3 FP8, MoE sliced over tp × dp = 32: 2048 / 32 = 64 is not a whole 128-wide block
+    """MoE sliced over tp × dp = 32 without EP. DeepSeek-V3 FP8: 2048 / 32 = 64 is not a whole 128-wide block, but
+    vLLM refines the expert scales to 64 × 64 blocks at load (gcd(128, 64, 7168) = 64 ≥ 32: fused_moe/oracle/fp8.py
+    refine_fp8_moe_block_shape), and it starts. Qwen3-235B FP8: 1536 / 32 = 48, gcd(128, 48, 4096) = 16 < 32: no
+    refinement, and validate_fp8_block_shape_moe refuses it."""
     nodes = "--nnodes 4 --master-addr 10.0.0.1"
-    bad = resolve(f"-tp 8 -dp 4 {nodes}", model="deepseek-v3", cluster="4x8xh200")
-    assert "partition" in rules(bad) and "block_n = 128" in bad.rejections[0].engine_error
-    assert resolve(f"-tp 8 -dp 4 -ep {nodes}", model="deepseek-v3", cluster="4x8xh200").valid
+    assert resolve(f"-tp 8 -dp 4 {nodes}", model="deepseek-v3", cluster="4x8xh200").valid
+    bad = resolve(f"-tp 8 -dp 4 {nodes}", model="qwen3-235b-a22b-fp8", cluster="4x8xh200")
+    assert "partition" in rules(bad)
+    assert "weight = 48 is not divisible by weight quantization block_n = 128" in bad.rejections[0].engine_error
+    assert resolve(f"-tp 8 -dp 4 -ep {nodes}", model="qwen3-235b-a22b-fp8", cluster="4x8xh200").valid
 
 
 def test_eplb_rules():

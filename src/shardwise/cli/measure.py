@@ -122,7 +122,8 @@ def validate(
             "--set",
             help="Bundled measurements to predict when no FILE is given: publications (the hand-checked "
             "published rows), inferencex (every SGLang / vLLM point of the InferenceX benchmark, replayed as its "
-            "script launched it), or all.",
+            "script launched it), pcie (the community decode curves and KV capacities of the newest MoE models on "
+            "RTX PRO 6000 over PCIe), or all.",
         ),
     ] = "publications",
     record: Annotated[
@@ -139,6 +140,7 @@ def validate(
     from shardwise.measure.gaps import explain  # imported here: the other commands need none of it
     from shardwise.measure.importers import read_results
     from shardwise.measure.inferencex import read_points
+    from shardwise.measure.pcie import from_pcie, read_set
     from shardwise.measure.reference import (
         breakdown,
         check_row,
@@ -152,12 +154,12 @@ def validate(
     from shardwise.report import validation as report_validation
     from shardwise.report.files import check_writable, write_text
 
-    sets = ("publications", "inferencex", "all")
+    sets = ("publications", "inferencex", "pcie", "all")
     if measured not in sets:
         raise SpecError(f"--set {measured!r}: use one of {', '.join(sets)}")
     if record is not None:
         check_writable(record)  # before minutes of predictions
-    rows, skipped = [], []
+    rows, skipped, capacities = [], [], []
     for path in files or []:
         if path.suffix == ".csv":  # the InferenceX points form
             points = read_points(path)
@@ -173,19 +175,25 @@ def validate(
             points = read_points()
             rows += points.rows
             skipped += points.skipped
+        if measured in ("pcie", "all"):
+            pcie = read_set()
+            rows += pcie.rows
+            skipped += pcie.skipped
+            capacities += pcie.capacities
     checked = [check_row(row) for row in rows]
     if record is not None:
         write_text(record, validated_csv(checked))
     summary = headline(checked)
     ranks = rank_agreement(checked)
-    # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX
-    # points (hundreds) are not priced again: each names only what its measurement itself says, where it says anything
+    # what may explain a gap is priced row by row for the publications and the user's files; the InferenceX and
+    # PCIe sets' points (hundreds) are not priced again: each names only what its measurement itself says, if anything
     gaps = {}
     for c in checked:
-        found = explain(c, checked, priced=not from_inferencex(c.row))
-        if found or not from_inferencex(c.row):
+        bulk = from_inferencex(c.row) or from_pcie(c.row)
+        found = explain(c, checked, priced=not bulk)
+        if found or not bulk:
             gaps[c.row.id] = found
-    parts = report_validation.Validation(checked, summary, breakdown(checked), ranks, gaps, skipped)
+    parts = report_validation.Validation(checked, summary, breakdown(checked), ranks, gaps, skipped, capacities)
     if json:
         typer.echo(report_json.dumps(report_validation.validation_payload(parts)))
     else:

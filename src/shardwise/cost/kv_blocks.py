@@ -10,6 +10,7 @@ every group (get_kv_cache_config_from_groups): a block costs the largest group's
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 from shardwise.engines.layout import Layout
@@ -61,15 +62,36 @@ def request_groups(model: ModelSpec, layout: Layout) -> tuple[int, int]:
     return kinds.count("full"), kinds.count("sliding")
 
 
-def stage_blocks(pool_bytes: float, *, cell_bytes: float, tensors: int, page: int, granule_bytes: int | None) -> int:
+def stage_blocks(
+    pool_bytes: float,
+    *,
+    cell_bytes: float,
+    tensors: int,
+    page: int,
+    granule_bytes: int | None,
+    index: tuple[int, float] = (0, 0.0),
+) -> int:
     """Blocks of `page` tokens a stage's pool of `pool_bytes` holds at `cell_bytes` a token: whole blocks, or, where
-    each of its `tensors` KV tensors is mapped in whole granules, the blocks every tensor's granules hold. The
-    tensors have one stride, so they cross granule boundaries together and each gets ⌊pool / tensors / granule⌋
-    granules (ExtensibleKVCache.physical_bytes_for: each segment's blocks × stride rounded up to granules)."""
+    each of its KV tensors is mapped in whole granules, the most blocks whose tensors' granules fit
+    (ExtensibleKVCache.physical_bytes_for: each segment's blocks × stride rounded up to granules). The `tensors`
+    attention tensors have one stride, so they cross granule boundaries together and each gets
+    ⌊pool / tensors / granule⌋ granules; `index` (tensors, bytes a token each) are the sparse-attention indexer's
+    caches, layers of their own with a narrower stride (cell_bytes holds their bytes too)."""
     if pool_bytes <= 0 or cell_bytes <= 0:
         return 0
     if granule_bytes is None:
         return int(pool_bytes // cell_bytes) // page
-    stride = page * cell_bytes / tensors  # one tensor's bytes per block
-    granules = pool_bytes // (tensors * granule_bytes)
-    return int(granules * granule_bytes // stride)
+    keys, key_bytes = index
+    if not keys:
+        stride = page * cell_bytes / tensors  # one tensor's bytes per block
+        granules = pool_bytes // (tensors * granule_bytes)
+        return int(granules * granule_bytes // stride)
+    kinds = ((tensors, (cell_bytes - keys * key_bytes) / tensors), (keys, key_bytes))
+    blocks = int(pool_bytes // (page * cell_bytes))  # the most without rounding; each tensor rounds up from there
+
+    def mapped(n: int) -> float:
+        return sum(count * math.ceil(n * page * each / granule_bytes) * granule_bytes for count, each in kinds)
+
+    while blocks > 0 and mapped(blocks) > pool_bytes:
+        blocks -= 1
+    return blocks

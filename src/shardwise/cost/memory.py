@@ -305,9 +305,13 @@ def kv_bytes_per_token(model: ModelSpec, layout: Layout, layers: range) -> float
     return cell + (cell * max(1, model.num_mtp_layers) / model.num_layers if mtp else 0.0)
 
 
-def _stage_cells(book: PriceBook, model: ModelSpec, layout: Layout) -> tuple[list[float], list[int]]:
-    """`kv_bytes_per_token` and `stage_tensors` of each stage's layers, kept in the book by what they read of the
-    layout (a search sizes each structure's KV cache with several option sets)."""
+def _stage_cells(
+    book: PriceBook, model: ModelSpec, layout: Layout
+) -> tuple[list[float], list[int], list[tuple[int, float]]]:
+    """`kv_bytes_per_token` and `stage_tensors` of each stage's layers, and the indexer caches among them (tensors,
+    bytes a token each) where the engine maps each in granules of its own (vLLM 0.34: the indexer's cache is a
+    layer of its own), kept in the book by what they read of the layout (a search sizes each structure's KV cache
+    with several option sets)."""
     opts = layout.options
     key = (
         layout.pp,
@@ -319,15 +323,22 @@ def _stage_cells(book: PriceBook, model: ModelSpec, layout: Layout) -> tuple[lis
         opts.window_kv,
         opts.index_keys_every_layer,
         opts.index_keys_sharded,
+        opts.kv_granule_bytes,
     )
     ranges = stage_layers(model.num_layers, layout.pp, layout.pp_extra_layers)
+    sparse = model.attention.sparse
 
-    def sized() -> tuple[tuple[float, ...], tuple[int, ...]]:
+    def index(r: range) -> tuple[int, float]:
+        if sparse is None or opts.kv_granule_bytes is None:
+            return 0, 0.0
+        return round(model.index_bytes_per_token(r) / sparse.key_bytes), float(sparse.key_bytes)
+
+    def sized() -> tuple[tuple[float, ...], tuple[int, ...], tuple[tuple[int, float], ...]]:
         cells = tuple(kv_bytes_per_token(model, layout, r) for r in ranges)
-        return cells, tuple(stage_tensors(model, layout, r) for r in ranges)
+        return cells, tuple(stage_tensors(model, layout, r) for r in ranges), tuple(index(r) for r in ranges)
 
-    cells, tensors = book.cells.get((model,), key, sized)
-    return list(cells), list(tensors)
+    cells, tensors, keys = book.cells.get((model,), key, sized)
+    return list(cells), list(tensors), list(keys)
 
 
 def activation_bytes(model: ModelSpec, layout: Layout, tokens: int, *, sampled: int) -> float:
@@ -388,11 +399,11 @@ def memory_ledger(
     state_slots, state_pool = _state_pool(opts.state_pool, min(kv_per_stage))
     kv_per_stage = [budget - state_pool for budget in kv_per_stage]
     kv = max(0.0, min(kv_per_stage))
-    cells, tensors = _stage_cells(book, model, layout)
+    cells, tensors, keys = _stage_cells(book, model, layout)
     if drafter is not None:  # the draft keeps a KV cache of the same tokens in its own layers
         cells = [c + kv_bytes_per_token(drafter, layout, range(drafter.num_layers)) for c in cells]
     pools = [max(0.0, p) for p in kv_per_stage] if opts.kv_pool_per_stage else [kv] * layout.pp
-    rows, tokens, window_pool_tokens = _pool_tokens(layout, pools, cells, tensors)
+    rows, tokens, window_pool_tokens = _pool_tokens(layout, pools, cells, tensors, keys)
     held_back = opts.kv_null_blocks * (opts.page_size or 1) * layout.dcp if tokens else 0
     worst = max(range(layout.pp), key=lambda s: stage_weights[s])
     gpu_stages, firsts = _gpu_stages(book, layout)
@@ -487,7 +498,7 @@ def _stage_budgets(
 
 
 def _pool_tokens(
-    layout: Layout, pools: list[float], cells: list[float], tensors: list[int]
+    layout: Layout, pools: list[float], cells: list[float], tensors: list[int], keys: list[tuple[int, float]]
 ) -> tuple[int, int, int | None]:
     """What pools of `pools` bytes per GPU hold, with `cells` bytes per token and `tensors` KV tensors on each stage:
     the rows of each rank's pool, whole pages that every stage's GPUs hold (SGLang's max_total_num_tokens: its PP
@@ -499,8 +510,8 @@ def _pool_tokens(
     page = opts.page_size or 1
     # a stage of linear-attention layers only caches no tokens
     blocks = [
-        stage_blocks(kv, cell_bytes=c, tensors=n, page=page, granule_bytes=opts.kv_granule_bytes)
-        for kv, c, n in zip(pools, cells, tensors, strict=True)
+        stage_blocks(kv, cell_bytes=c, tensors=n, page=page, granule_bytes=opts.kv_granule_bytes, index=k)
+        for kv, c, n, k in zip(pools, cells, tensors, keys, strict=True)
         if c > 0
     ]
     rows = min(blocks) * page if blocks else 0

@@ -125,6 +125,7 @@ class Engine(Protocol):
         cluster: ClusterSpec,
         version: str | None = None,
         env: dict[str, str] | None = None,
+        waive: frozenset[str] = frozenset(),
     ) -> Setup: ...
 
     def enumerate(self, model: ModelSpec, cluster: ClusterSpec, *, version: str | None = None) -> list[Setup]: ...

@@ -35,13 +35,20 @@ def _model_for(ref: str) -> ModelSpec:
 
 
 def check_command(
-    command: list[str] | str, *, cluster: ClusterSpec, model: str | None = None, version: str | None = None
+    command: list[str] | str,
+    *,
+    cluster: ClusterSpec,
+    model: str | None = None,
+    version: str | None = None,
+    waive: frozenset[str] = frozenset(),
 ) -> Checked:
-    """Classify a launch command as the engine would: the effective setup, its rewrites and its refusals."""
+    """Classify a launch command as the engine would: the effective setup, its rewrites and its refusals (less the
+    rules `waive` names: a custom build's own kernels lift them)."""
     launch = split_command(command)
     model_ref = model or _model_in_command(launch.engine, launch.argv, version) or DEFAULT_MODEL
     spec = _model_for(model_ref)
-    setup = get_engine(launch.engine).resolve(launch.argv, model=spec, cluster=cluster, version=version, env=launch.env)
+    engine = get_engine(launch.engine)
+    setup = engine.resolve(launch.argv, model=spec, cluster=cluster, version=version, env=launch.env, waive=waive)
     text = command if isinstance(command, str) else " ".join(command)
     return Checked(setup=setup, model=spec, model_ref=model_ref, command=text)
 

@@ -113,14 +113,16 @@ class FlagEngine:
         cluster: ClusterSpec,
         version: str | None = None,
         env: dict[str, str] | None = None,
+        waive: frozenset[str] = frozenset(),
     ) -> Setup:
-        """Read the flags after the launcher the way the engine will run them."""
+        """Read the flags after the launcher the way the engine will run them (`waive`: rules a custom build of the
+        engine lifts, by name, as a measured row's image does)."""
         v = self.version(version)
         try:
             given = self.read(parse_flags(flag_table(self.name), argv, v))
         except EngineArgError as exc:
             return self._argument_error(str(exc), argv, v, cluster)
-        return self.setup(given, model=model, cluster=cluster, version=v, env=env or {})
+        return self.setup(given, model=model, cluster=cluster, version=v, env=env or {}, waive=waive)
 
     def setup(
         self,
@@ -130,6 +132,7 @@ class FlagEngine:
         cluster: ClusterSpec,
         version: Version,
         env: dict[str, str] | None = None,
+        waive: frozenset[str] = frozenset(),
     ) -> Setup:
         """Rewrites, rules and layout of options given by canonical name."""
         flags = {**table_defaults(self.name), **given, **self.env_options(env or {})}
@@ -144,6 +147,9 @@ class FlagEngine:
             blocks=block_shapes(model),
         )
         rejections = tuple(run_rules(self.rules, ctx))
+        for lifted in (r for r in rejections if r.rule in waive):
+            notes.append(Note(kind="warning", message=f"lifted for this build: {lifted.reason}", source=lifted.source))
+        rejections = tuple(r for r in rejections if r.rule not in waive)
         notes += self._version_note(version)
         used = self.gpus_used(flags)
         if not rejections and used < available:

@@ -102,7 +102,9 @@ def state_pool(f: dict[str, Any], model: ModelSpec, version: Version) -> tuple[S
     # the recurrent state's dtype: the flag's, else the config's, else FP32 (configs/mamba_utils.py mamba2_state_dtype)
     given = f.get("mamba_ssm_dtype")
     ssm = _DTYPES[given] if given else model.linear_attention.ssm_dtype or table.ssm_dtype
-    state = model.with_overrides(ssm_dtype=ssm).linear_state_bytes_of(fullest) / attn_tp
+    # a GPU's whole-model state, scaled by the fullest stage's share in floating point and truncated, as SGLang does
+    whole = model.with_overrides(ssm_dtype=ssm).linear_state_bytes_of(len(linear)) / attn_tp
+    state = float(int(whole * (fullest / max(len(linear), 1))))
     dp, running = f["attn_dp_size"], f.get("max_running_requests")
     fixed, ratio = f.get("max_mamba_cache_size"), f.get("mamba_full_memory_ratio")
     if fixed is None and radix_off and running:

@@ -6,6 +6,7 @@ model_executor/layers/quantization/utils/fp8_utils.py), as collected in shared/r
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from packaging.version import Version
@@ -169,6 +170,36 @@ def sparse_mla_dcp(ctx: Context) -> Rejection | None:
     )
 
 
+# the cache dtypes vLLM's one sparse-attention backend on SM 12.x takes (FlashInferMLASparseSM120Backend)
+SM120_SPARSE_KV = ("auto", "fp8", "fp8_e4m3", "fp8_ds_mla")
+
+
+def sparse_mla_sm120(ctx: Context) -> Rejection | None:
+    """On SM 12.x the only backend vLLM has for sparse attention is FlashInfer's SM120 one (platforms/cuda.py
+    _get_backend_priorities: TRITON_MLA, then FLASHINFER_MLA_SPARSE_SM120; Triton serves no sparse model): it serves
+    no DCP (supports_dcp unset) and caches FP8 alone (v1/attention/backends/mla/flashinfer_mla_sparse.py
+    FlashInferMLASparseSM120Backend), so either finds no backend as the model is built (0.33 and 0.34)."""
+    f, att = ctx.flags, ctx.model.attention
+    if att.sparse is None or att.mla is None or not ctx.cluster.gpu.compute_capability.value.startswith("12."):
+        return None
+    dcp, dtype = f["decode_context_parallel_size"], f.get("kv_cache_dtype") or "auto"
+    if dcp > 1:
+        why = f"DCP {dcp}: FLASHINFER_MLA_SPARSE_SM120 serves no DCP"
+    elif dtype not in SM120_SPARSE_KV:
+        why = f"a {dtype} KV cache: FLASHINFER_MLA_SPARSE_SM120 caches FP8 only"
+    else:
+        return None
+    head = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim
+    return Rejection(
+        rule="sparse_mla_sm120",
+        stage="load",
+        reason=f"no sparse-attention backend on SM {ctx.cluster.gpu.compute_capability.value} for {why}",
+        engine_error="ValueError: No valid attention backend found for cuda with AttentionSelectorConfig("
+        f"head_size={head}",
+        source=_src(ctx, "platforms/cuda.py, v1/attention/backends/mla/flashinfer_mla_sparse.py"),
+    )
+
+
 def eplb_rules(ctx: Context) -> Rejection | None:
     f, moe = ctx.flags, ctx.model.moe
     redundant = (f.get("eplb_config") or {}).get("num_redundant_experts", 0)
@@ -214,6 +245,15 @@ def partitions(ctx: Context) -> Rejection | None:
                 if block > 1
                 else f"AssertionError: {width} is not divisible by {ways}"
             )
+            if role == "routed_experts" and block > 1 and not width % ways:
+                # FP8 MoE scales are refined at load to the largest block (32 or more) dividing the checkpoint's
+                # block, the shard and the hidden size (fused_moe/oracle/fp8.py refine_fp8_moe_block_shape)
+                if math.gcd(block, width // ways, model.hidden_size) >= 32:
+                    continue
+                error = (
+                    f"ValueError: The output_size of gate's and up's weight = {width // ways} is not divisible by "
+                    f"weight quantization block_n = {block}."
+                )
             return Rejection(
                 rule="partition",
                 stage="load",
@@ -427,6 +467,7 @@ RULES: list[Rule] = [
     ep_needs_moe,
     dcp_rules,
     sparse_mla_dcp,
+    sparse_mla_sm120,
     eplb_rules,
     partitions,
     memory_utilization,

@@ -16,7 +16,9 @@ against the ledger's pool for the same command.
 
 Rows the source flags INVALID, capacity-limited, or as warm-up cells are kept, listed, and left out of every
 figure. Values only the set's custom images accept (their own kernels) are out of the commands and listed as
-not modelled: the replay prices the upstream engine's kernels for them.
+not modelled: the replay prices the upstream engine's kernels for them. Where such a kernel serves what the
+upstream release refuses (`waived`: the B12X sparse-MLA backend serves DCP on SM 12.x, where vLLM's own has none),
+the row is replayed with that rule lifted, and says so.
 """
 
 from __future__ import annotations
@@ -30,16 +32,17 @@ from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
 from shardwise.measure.inferencex import Skipped
-from shardwise.measure.reference import ReferenceRow
+from shardwise.measure.reference import PCIE, ReferenceRow
 from shardwise.spec.catalog import find_by_repo
 from shardwise.spec.cluster import load_cluster
 
-PCIE = "PCIe RTX PRO 6000 set"  # the source of every row replayed from it
 GPU = "rtx-pro-6000"
 COLUMNS = ("id", "source", "checkpoint", "n_gpus", "kind", "prompt_tokens", "max_tokens", "concurrency")
 COLUMNS += ("output_tok_s", "kv_tokens", "accept_rate", "release", "image", "mtp_tokens", "command")
-COLUMNS += ("not_modelled", "launch_problem", "excluded")
-DEFAULT_MAX_TOKENS = 2048  # llm_decode_bench's in recent versions (the set's README), where a row does not say
+COLUMNS += ("not_modelled", "waived", "launch_problem", "excluded")
+# llm_decode_bench's max_tokens in recent versions (the set's README), where a row does not say: it only sets the
+# mean context a cell decodes at (its prompt and half of it), a few per cent of the long cells' context
+DEFAULT_MAX_TOKENS = 2048
 
 
 def from_pcie(row: ReferenceRow) -> bool:
@@ -96,7 +99,9 @@ def read_set(path: Path | None = None) -> PcieSet:
             row = _row(p)
         except ValueError as exc:
             reason = str(exc).splitlines()[0]
-            raise SpecError(f"{path}: row {p.get('id') or '?'}: {reason}; give numbers in its numeric columns") from None
+            raise SpecError(
+                f"{path}: row {p.get('id') or '?'}: {reason}; give numbers in its numeric columns"
+            ) from None
         if isinstance(row, ReferenceRow):
             rows.append(row)
         elif row is not None:
@@ -112,7 +117,9 @@ def _row(p: dict[str, str]) -> ReferenceRow | str | None:
     if p["excluded"]:
         return f"left out of the figures: {p['excluded']}"
     if p["kind"] == "kv_capacity":
-        return None if p["command"] and p["kv_tokens"] else f"a KV capacity without {_missing(p)}"
+        if not (p["command"] and p["kv_tokens"]):
+            return f"a KV capacity without {_missing(p)}"
+        return None if find_by_repo(p["checkpoint"]) else f"{p['checkpoint']} is not in the bundled model catalog"
     if p["kind"] != "decode_only":
         kinds = {
             "prefill": "a prefill rate (not replayed yet)",
@@ -130,7 +137,6 @@ def _row(p: dict[str, str]) -> ReferenceRow | str | None:
     draft = int(p["mtp_tokens"] or 0)
     if (draft or "--speculative-" in p["command"]) and not p["accept_rate"]:
         return "speculative decoding, and the cell's acceptance is not given"
-    assumed = None if p["max_tokens"] else f"max_tokens {DEFAULT_MAX_TOKENS} (the benchmark's default; not stated)"
     return ReferenceRow(
         id=p["id"],
         source=f"{PCIE} ({p['source']})",
@@ -144,9 +150,9 @@ def _row(p: dict[str, str]) -> ReferenceRow | str | None:
         concurrency=int(p["concurrency"]),
         output_tok_s=float(p["output_tok_s"]),
         accept_length=1 + draft * float(p["accept_rate"]) if draft else None,
-        split_key=p["image"],
+        split_key=f"{p['image']} ({entry.alias})",  # the build and model: the training / held-out split's unit
         not_modelled=tuple(x for x in p["not_modelled"].split("; ") if x),
-        assumed=assumed,
+        waived=tuple(x for x in p["waived"].split() if x),
     )
 
 
@@ -161,7 +167,8 @@ def _capacity(p: dict[str, str]) -> Capacity:
     common = {"id": p["id"], "model": entry.alias, "gpus": gpus, "image": p["image"], "command": p["command"]}
     measured = int(p["kv_tokens"])
     cluster = load_cluster(gpus)
-    checked = check_command(p["command"], cluster=cluster, model=entry.alias, version=p["release"] or None)
+    waive = frozenset(p["waived"].split())
+    checked = check_command(p["command"], cluster=cluster, model=entry.alias, version=p["release"] or None, waive=waive)
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"

@@ -40,6 +40,7 @@ from shardwise.spec.cluster import ClusterSpec, load_cluster
 from shardwise.spec.workload import Lengths, WorkloadSpec, dataset
 
 INFERENCEX = "InferenceX"  # the source of every row replayed from an InferenceX points file
+PCIE = "PCIe RTX PRO 6000 set"  # the source of every row replayed from the PCIe set (measure/pcie.py)
 
 
 def from_inferencex(row: ReferenceRow) -> bool:
@@ -73,6 +74,10 @@ class ReferenceRow(Frozen):
     latency: Literal["mean", "median"] = Field("mean", description="the statistic tpot_ms and ttft_ms report")
     split_key: str | None = Field(None, description="what the training / held-out split is fixed by; default: source")
     not_modelled: tuple[str, ...] = Field((), description="what the run set that the prediction does not model")
+    waived: tuple[str, ...] = Field(
+        (),
+        description="engine rules the run's own build lifts (a custom image's kernels serve what the release refuses)",
+    )
     accept_length: float | None = Field(None, ge=1, description="speculative decoding: mean tokens kept per step")
     cold: bool = Field(
         False, description="the client sent no warm-up requests: its first met an engine that had served nothing yet"
@@ -233,10 +238,13 @@ def check_row(
     description of the row's GPUs; the roofline instead of the kernel tables; prefill steps that many times their
     priced time) to price what that input does to the prediction."""
     cluster = cluster or load_cluster(row.gpus)
-    checked = check_command(row.command, cluster=cluster, model=row.model, version=row.engine_version)
+    checked = check_command(
+        row.command, cluster=cluster, model=row.model, version=row.engine_version, waive=frozenset(row.waived)
+    )
     launch = split_command(row.command)
     version = parse_version(checked.setup.version, launch.engine)
     unread = row.not_modelled + unmodelled_flags(flag_table(launch.engine), launch.argv, version)
+    unread += tuple(f"the build lifts the {rule} rule" for rule in row.waived)
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"
@@ -441,14 +449,27 @@ def tables_of(c: Checked) -> str:
     return "most" if share >= 0.5 else "part" if share > 0 else "none"
 
 
+def source_of(row: ReferenceRow) -> str:
+    """The bundled set a row comes from (its source up to the first bracket), or the publications and files."""
+    for bulk in (INFERENCEX, PCIE):
+        if row.source.startswith(bulk):
+            return bulk
+    return "publications and measured files"
+
+
 BREAKDOWNS = {
     "release": lambda c: f"{c.engine} {c.row.engine_version or 'unknown'}",
     "GPU": lambda c: c.row.gpus.split("x", 1)[-1],
     "kernel tables": tables_of,
     "family": family_of,
     "load": lambda c: load_of(c.row),
-    "source": lambda c: INFERENCEX if from_inferencex(c.row) else "publications and measured files",
+    "source": lambda c: source_of(c.row),
     "split": lambda c: split_of(c.row),
+    "model": lambda c: c.row.model,
+    # a PCIe row's build (its custom image): one build's quirks are not to hide in the median
+    "build": lambda c: (
+        f"{c.row.gpus.split('x', 1)[0]} GPUs, {c.row.split_key}" if c.row.source.startswith(PCIE) else None
+    ),
 }
 
 
@@ -459,7 +480,9 @@ def breakdown(checked: list[Checked]) -> list[ErrorSummary]:
     for dimension, key in BREAKDOWNS.items():
         groups: dict[str, list[Checked]] = {}
         for c in checked:
-            groups.setdefault(key(c), []).append(c)
+            value = key(c)
+            if value is not None:
+                groups.setdefault(value, []).append(c)
         for value in sorted(groups):
             for s in headline(groups[value]):
                 kind = "" if s.group == "plain" else f" ({s.group})"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +15,7 @@ from rich.text import Text
 
 from shardwise.measure.gaps import Mechanism, beyond
 from shardwise.measure.inferencex import Skipped
+from shardwise.measure.pcie import Capacity
 from shardwise.measure.reference import METRICS, Checked, ErrorSummary, RankAgreement, group_of_row, split_of
 from shardwise.serve.accuracy import KINDS, stated_median
 
@@ -85,6 +88,7 @@ class Validation:
     ranks: RankAgreement
     gaps: Gaps
     skipped: list[Skipped]
+    capacities: list[Capacity] = dataclasses.field(default_factory=list)  # KV pools from start-up logs
 
 
 ROWS_SHOWN = 60  # more rows than this are summarised, not listed (validate --json lists every one)
@@ -144,11 +148,46 @@ def validation_view(v: Validation) -> Group:
         parts.append(breakdown_table(v.breakdown))
     parts.append(Text(_ranks_line(v.ranks)))
     parts += _cold_lines(v.checked)
+    if v.capacities:
+        parts.append(capacity_table(v.capacities))
     parts += _skipped_lines(v.skipped)
     gap_text = gap_lines(v.checked, v.gaps)
     if gap_text:
         gap_text.insert(0, Text("\nbeyond the stated accuracy, and what could explain it:"))
     return Group(*parts, *gap_text)
+
+
+def capacity_table(capacities: list[Capacity]) -> Table:
+    """Each KV pool a start-up log reported beside the ledger's for the same command."""
+    table = Table(title="KV pool in tokens (the layout's, DCP ranks together): start-up log against prediction")
+    for name in ("id", "model", "GPUs", "build", "log", "pred", "err"):
+        table.add_column(name, justify="right" if name in ("log", "pred", "err") else "left")
+    for c in capacities:
+        problem = (c.problem or "does not start").split(";")[0]
+        predicted = f"none: {problem}" if c.predicted_tokens is None else f"{c.predicted_tokens:,}"
+        error = "—" if c.error is None else f"{c.error:+.1%}"
+        table.add_row(c.id, c.model, c.gpus, c.image, f"{c.measured_tokens:,}", predicted, error)
+    errors = [abs(c.error) for c in capacities if c.error is not None]
+    if errors:
+        table.caption = (
+            f"median absolute error {statistics.median(errors):.1%} over {len(errors)} pools "
+            f"({sum(e <= 0.05 for e in errors)} within 5 %)"
+        )
+    return table
+
+
+def _capacity_payload(c: Capacity) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "model": c.model,
+        "gpus": c.gpus,
+        "build": c.image,
+        "command": c.command,
+        "measured_tokens": c.measured_tokens,
+        "predicted_tokens": c.predicted_tokens,
+        "error": c.error,
+        "problem": c.problem,
+    }
 
 
 def _rows_table(checked: list[Checked]) -> Table:
@@ -265,6 +304,7 @@ def validation_payload(v: Validation) -> dict[str, Any]:
         "summary": _summary_payload(v.summary),
         "breakdown": _summary_payload(v.breakdown),
         "not_predicted": [{"id": s.id, "reason": s.reason} for s in v.skipped],
+        "kv_capacity": [_capacity_payload(c) for c in v.capacities],
     }
 
 
