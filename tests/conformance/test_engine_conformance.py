@@ -43,8 +43,11 @@ from shardwise.errors import SpecError
 from shardwise.spec.cluster import ClusterSpec, load_cluster
 
 MODELS = ["kimi-k2.6", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "llama-3.1-70b"]
-# the newest models run on the user's class of box: sparse MLA (GLM-5.x), hybrid linear attention (Qwen3.5)
+# the newest models run on the user's class of box: sparse MLA (GLM-5.x), hybrid linear attention (Qwen3.5). The
+# vLLM oracle builds them on SM 12.x for 0.34 (not Qwen3.5: its vision tower needs torchvision, which has no CPU
+# build here); on SM 9.0 vLLM's sparse backend needs FlashInfer's SM90 MLA, and 0.33 resolves them otherwise
 NEW_MODELS = ["glm-5.1-nvfp4", "glm-5.2-nvfp4", "qwen3.5-397b-a17b-nvfp4", "minimax-m2.5"]
+NEW_ON_VLLM = ["glm-5.1-nvfp4", "glm-5.2-nvfp4", "minimax-m2.5"]
 CLUSTERS = ["8xrtx-pro-6000", "8xh100", "8xh200", "2x8xh100"]
 ENGINES = [("sglang", "0.5.23"), ("vllm", "0.33.0"), ("vllm", "0.34.0")]
 SLICE = [
@@ -63,6 +66,7 @@ CI = [  # what CI's time allows: the user's case on each engine release, and a m
     ("llama-3.1-70b", "2x8xh100", "sglang", "0.5.23"),
     ("glm-5.1-nvfp4", "8xrtx-pro-6000", "sglang", "0.5.23"),
     ("qwen3.5-397b-a17b-nvfp4", "8xrtx-pro-6000", "sglang", "0.5.23"),
+    ("glm-5.1-nvfp4", "8xrtx-pro-6000", "vllm", "0.34.0"),
 ]
 ARGUMENT_STAGES = ("parse", "post_init", "resolve", "check", "publish", "config")  # the oracles' stages before any load
 VLLM_PARALLEL = (
@@ -74,7 +78,8 @@ VLLM_PARALLEL = (
 )  # as both name them
 CASES = {
     "full": [(m, c, e, v) for m in MODELS for c in CLUSTERS for e, v in ENGINES]
-    + [(m, c, "sglang", "0.5.23") for m in NEW_MODELS for c in ("8xrtx-pro-6000", "8xh200")],
+    + [(m, c, "sglang", "0.5.23") for m in NEW_MODELS for c in ("8xrtx-pro-6000", "8xh200")]
+    + [(m, "8xrtx-pro-6000", "vllm", "0.34.0") for m in NEW_ON_VLLM],
     "ci": CI,
 }.get(os.environ.get("SHARDWISE_CONFORMANCE", ""), SLICE)
 
