@@ -12,9 +12,9 @@ The set records its launches in several forms, and each is turned into one comma
   MAX_MODEL_LEN, GPU_MEMORY_UTILIZATION (GMU), GRAPH (the CUDA-graph capture size), and 'FP8 KV'; a launcher
   row that does not state its memory fraction or context length has no command (the script's defaults are not in
   the set).
-Values only the set's custom images accept (their own attention, MoE and GEMM kernels, P2P all-reduce flags,
-loaders) are taken out of the command and kept in `not_modelled`; the kernels they name are priced as the
-upstream engine's. A row whose launch is prose ("FP8, 4× GPUs (SGLang)") has no command.
+The custom images' own kernels (B12X attention, MoE and GEMM backends, whether or not an upstream release knows
+the name), their P2P all-reduce switches and loaders are taken out of the command and kept in `not_modelled`; the
+replay prices the upstream engine's default kernels instead. A row whose launch is prose ("FP8, 4× GPUs (SGLang)") has no command.
 
     python scripts/pcie_launches.py ../shared/reference/pcie-rtx-pro-6000/other-models.csv \
         src/shardwise/data/measurements/pcie.csv
@@ -46,7 +46,8 @@ ADDED = (
     "not_modelled", "waived", "launch_problem", "excluded",
 )  # fmt: skip
 
-# Option values only the set's custom images know (their own kernels): the option is dropped and listed.
+# Option values naming the custom images' own kernels (B12X builds; upstream vLLM 0.33 also has a b12x MoE backend,
+# but not these builds'): the option is dropped and listed.
 CUSTOM_VALUES = {
     "--attention-backend": {"B12X_MLA_SPARSE", "b12x"},
     "--moe-backend": {"b12x"},
@@ -129,7 +130,7 @@ def max_tokens(benchmark: str) -> str:
 
 
 def window_s(benchmark: str) -> str:
-    found = re.search(r"--duration (\d+)", benchmark) or re.search(r"(\d+) s(?: per cell|\b)", benchmark)
+    found = re.search(r"--duration (\d+)", benchmark) or re.search(r"(?<![\d.])(\d+) s(?: per cell|\b)", benchmark)
     return found.group(1) if found else ""
 
 
@@ -311,7 +312,9 @@ def _vllm_args(text: str) -> tuple[list[str], list[str], dict[str, str]] | str:
             continue
         if value is True:
             words.append(flag)
-        elif value is False or value is None:
+        elif value is False:  # an option on by default, turned off
+            words.append("--no-" + key.replace("_", "-"))
+        elif value is None:
             continue
         elif isinstance(value, (dict, list)):
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -357,7 +360,9 @@ def _launcher(text: str, checkpoint: str) -> tuple[list[str], list[str], dict[st
         found = re.search(rf"\b{name}\s?(\d[\d.]*)\b", text)
         if found and name not in values:
             values[name] = found.group(1)
-    mtp = re.search(r"\bMTP[= ]?(\d+)\b", text)
+    if re.search(r"MODE=dspark|DSPARK", text):
+        return "DSpark drafting (the launcher's MODE), which the recovered command cannot carry"
+    mtp = re.search(r"(?<![\w.-])MTP[= ]?(\d+)\b", text)  # not a model name's -MTP78
     if "GLM51_DISABLE_MTP=0" in text:
         mtp = re.search(r"num_speculative_tokens=(\d+)", text)
     if not any(k in values for k in ("GPU_MEMORY_UTILIZATION", "GMU")):

@@ -187,3 +187,13 @@ def test_the_refusal_is_the_first_worker_s_and_reads_the_memory_found_before_the
     )
     whole, _ = vllm("llama-3.1-70b", "8xh100", "-tp 2", "0.34.0")
     assert "(20.0 GiB KV cache is needed" in (whole.engine_error or "")  # vLLM's format_gib: round(x, 2), not "20.00"
+
+
+def test_indexer_caches_are_mapped_in_granules_of_their_own():
+    """vLLM 0.34 maps each KV tensor in 2 MiB granules, the sparse-attention indexer's caches (layers of their own,
+    with a narrower stride) too. 100 MiB for two attention tensors of 1,000 B a token and two indexer caches of 100
+    B, in 64-token blocks: B blocks take 2·⌈64,000 B / 2 MiB⌉ + 2·⌈6,400 B / 2 MiB⌉ granules, at most 50: 720 blocks
+    (22 + 3 granules each pair; 721 needs 23), where the bytes alone would hold 744."""
+    cell = 2 * 1000 + 2 * 100
+    assert stage_blocks(100 * MiB, cell_bytes=cell, tensors=2, page=64, granule_bytes=2 * MiB, index=(2, 100.0)) == 720
+    assert stage_blocks(100 * MiB, cell_bytes=cell, tensors=2, page=64, granule_bytes=None, index=(2, 100.0)) == 744

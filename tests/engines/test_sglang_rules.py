@@ -585,3 +585,12 @@ def test_the_piecewise_flags_exist_in_the_releases_that_parse_them():
     late = resolve("--tp 8 --disable-piecewise-cuda-graph", model="deepseek-r1", cluster="8xb200", version="0.5.23")
     early = resolve("--tp 8 --enable-piecewise-cuda-graph", model="deepseek-r1", cluster="8xb200", version="0.5.3")
     assert not late.valid and not early.valid
+
+
+def test_eagle_without_its_shape_drafts_the_engines_choice():
+    """NEXTN (EAGLE) with none of steps, top-k and draft tokens: SGLang chooses 3 steps, top-1, 4 draft tokens for
+    DeepSeek-style models (server_args.py auto_choose_speculative_params; speculative_hook.py from 0.5.13)."""
+    setup = resolve("--tp 8 --speculative-algorithm NEXTN")
+    f = setup.flags
+    assert (f["speculative_num_steps"], f["speculative_eagle_topk"], f["speculative_num_draft_tokens"]) == (3, 1, 4)
+    assert any("drafts 3 steps" in n.message for n in setup.notes)

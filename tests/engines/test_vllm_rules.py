@@ -5,6 +5,7 @@ import pytest
 from shardwise import load_cluster, load_model
 from shardwise.engines.base import get_engine
 from shardwise.engines.check import check_command
+from shardwise.engines.flags import flag_table, parse_version, unmodelled_flags
 
 VLLM = get_engine("vllm")
 
@@ -276,3 +277,45 @@ def test_flashmla_sparse_serves_dcp_only_on_its_mixed_fp8_path(flags, refused):
     assert ("sparse_mla_dcp" in rules(setup)) is refused
     on_blackwell = resolve(flags, model="glm-5.1-nvfp4", cluster="8xb200")
     assert "sparse_mla_dcp" not in rules(on_blackwell)  # another backend there
+
+
+def test_dotted_options_merge_into_the_json_of_their_root():
+    """FlexibleArgumentParser takes -cc.pass_config.fuse_allreduce_rms=True as --compilation-config
+    '{"pass_config": {"fuse_allreduce_rms": "True"}}' (vllm/utils/argparse_utils.py); -O… stays the level."""
+    setup = resolve("-tp 8 -cc.pass_config.fuse_allreduce_rms=True -cc.mode 3")
+    assert setup.valid
+    argv = "-tp 8 -cc.pass_config.fuse_allreduce_rms=True -cc.mode 3".split()
+    unread = unmodelled_flags(flag_table("vllm"), argv, parse_version("0.34.0", "vllm"))
+    assert unread == ('--compilation-config {"pass_config": {"fuse_allreduce_rms": "True"}, "mode": 3}',)
+    assert resolve("-tp 8 -O3").valid
+
+
+def test_sparse_attention_on_sm12_has_no_dcp_and_no_bf16_cache():
+    """vLLM's one sparse backend on SM 12.x (FLASHINFER_MLA_SPARSE_SM120) serves no DCP and caches FP8 only; a build
+    whose own kernels do (waive) is resolved with the rule lifted and a note."""
+    assert resolve("-tp 8", model="glm-5.1-nvfp4").valid
+    dcp = resolve("-tp 8 -dcp 2", model="glm-5.1-nvfp4")
+    assert rules(dcp) == ["sparse_mla_sm120"] and "head_size=576" in dcp.rejections[0].engine_error
+    assert rules(resolve("-tp 8 --kv-cache-dtype bfloat16", model="glm-5.1-nvfp4")) == ["sparse_mla_sm120"]
+    assert resolve("-tp 8 -dcp 2", model="glm-5.1-nvfp4", cluster="8xh200").valid  # FlashMLA sparse: SM 9.0
+    argv = "-tp 8 -dcp 2".split()
+    lifted = VLLM.resolve(argv, model=load_model("glm-5.1-nvfp4"), cluster=load_cluster("8xrtx-pro-6000"),
+                          waive=frozenset({"sparse_mla_sm120"}))  # fmt: skip
+    assert lifted.valid and lifted.layout.dcp == 2
+    assert any(n.message.startswith("lifted for this build") for n in lifted.notes)
+
+
+def test_mtp_drafts_with_the_checkpoints_own_layers_in_a_chain():
+    """method mtp: the MTP layers of the checkpoint `model` names, not a second model; k drafts in a chain, k + 1
+    tokens verified (config/speculative.py)."""
+    spec = resolve(
+        '-tp 8 --speculative-config {"method":"mtp","num_speculative_tokens":3,"model":"lukealonso/GLM-5.1-NVFP4"}',
+        model="glm-5.1-nvfp4",
+    ).layout.options.spec
+    assert (spec.kind, spec.num_steps, spec.topk, spec.num_draft_tokens, spec.draft_model) == ("eagle", 3, 1, 4, None)
+
+
+def test_fp8_moe_blocks_are_refined_where_a_shard_is_not_whole_blocks():
+    """MiniMax-M2.5 FP8 at TP8: 1536 / 8 = 192 is not whole 128-wide blocks; gcd(128, 192, 3072) = 64 ≥ 32, so the
+    scales are refined to 64 × 64 and it starts."""
+    assert resolve("-tp 8", model="minimax-m2.5").valid

@@ -311,7 +311,8 @@ def _preprocessed(table: FlagTable, argv: list[str]) -> list[str]:
     while i < len(argv):
         token = argv[i]
         name, has_value, value = token.partition("=")
-        if not (token.startswith("-") and "." in name):
+        # -O… is the optimization level before any dotted key is read (-O.mode=3 is the level '.mode=3')
+        if not (token.startswith("-") and "." in name) or (token.startswith("-O") and token != "-O"):
             out.append(token)
             i += 1
             continue

@@ -181,7 +181,8 @@ def _speculative(f: dict[str, Any], version: Version, model: ModelSpec) -> list[
         notes.append(Note(kind="rewrite", message="NEXTN is an alias of EAGLE", source=f"sglang {version} spec_info"))
     chosen = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
     if algorithm in EAGLE_WORKER and all(f.get(k) is None for k in chosen):
-        wide = algorithm != "STANDALONE" and model.architecture in WIDE_TREE_ARCHITECTURES
+        architecture = model.wrapper_architecture or model.architecture  # hf_config.architectures[0]
+        wide = algorithm != "STANDALONE" and architecture in WIDE_TREE_ARCHITECTURES
         f.update(zip(chosen, (5, 4, 8) if wide else (3, 1, 4), strict=True))
         notes.append(
             Note(

@@ -97,6 +97,7 @@ def read_set(path: Path | None = None) -> PcieSet:
     for p in points:
         try:
             row = _row(p)
+            int(p["kv_tokens"] or 0)  # compared apart, read below
         except ValueError as exc:
             reason = str(exc).splitlines()[0]
             raise SpecError(

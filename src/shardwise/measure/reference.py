@@ -244,7 +244,7 @@ def check_row(
     launch = split_command(row.command)
     version = parse_version(checked.setup.version, launch.engine)
     unread = row.not_modelled + unmodelled_flags(flag_table(launch.engine), launch.argv, version)
-    unread += tuple(f"the build lifts the {rule} rule" for rule in row.waived)
+    unread += tuple(n.message for n in checked.setup.notes if n.message.startswith("lifted for this build"))
     layout = checked.setup.layout
     if layout is None or not checked.setup.valid:
         reason = checked.setup.rejections[0].reason if checked.setup.rejections else "no layout"
