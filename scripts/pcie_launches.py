@@ -14,7 +14,8 @@ The set records its launches in several forms, and each is turned into one comma
   the set).
 The custom images' own kernels (B12X attention, MoE and GEMM backends, whether or not an upstream release knows
 the name), their P2P all-reduce switches and loaders are taken out of the command and kept in `not_modelled`; the
-replay prices the upstream engine's default kernels instead. A row whose launch is prose ("FP8, 4× GPUs (SGLang)") has no command.
+replay prices the upstream engine's default kernels instead. A row whose launch is prose ("FP8, 4× GPUs
+(SGLang)") has no command.
 
     python scripts/pcie_launches.py ../shared/reference/pcie-rtx-pro-6000/other-models.csv \
         src/shardwise/data/measurements/pcie.csv
