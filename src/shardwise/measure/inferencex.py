@@ -127,18 +127,24 @@ def release_of(image: str) -> str | None:
     return found.group(1) if found else None
 
 
-def read_points(path: Path | None = None) -> Points:
-    """Every point of the file: the rows shardwise predicts and the points it cannot, with why."""
-    path = path or bundled_path()
+def read_table(path: Path, columns: tuple[str, ...], what: str) -> list[dict[str, str]]:
+    """The lines of a CSV measurements file that has every one of `columns` (`what` names the form in the one-line
+    error of a file without them, or one that cannot be read)."""
     try:
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+            missing = [c for c in columns if c not in (reader.fieldnames or ())]
             if missing:
-                raise SpecError(f"{path}: not an InferenceX points file: no column {', '.join(missing)}")
-            points = list(reader)
+                raise SpecError(f"{path}: not {what}: no column {', '.join(missing)}")
+            return list(reader)
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def read_points(path: Path | None = None) -> Points:
+    """Every point of the file: the rows shardwise predicts and the points it cannot, with why."""
+    path = path or bundled_path()
+    points = read_table(path, COLUMNS, "an InferenceX points file")
     rows, skipped = [], []
     for point in points:
         try:

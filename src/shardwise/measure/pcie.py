@@ -23,7 +23,6 @@ the row is replayed with that rule lifted, and says so.
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 from shardwise.cost.memory import memory_ledger
 from shardwise.engines.check import check_command
 from shardwise.errors import SpecError
-from shardwise.measure.inferencex import Skipped
+from shardwise.measure.inferencex import Skipped, read_table
 from shardwise.measure.reference import PCIE, ReferenceRow
 from shardwise.spec.catalog import find_by_repo
 from shardwise.spec.cluster import load_cluster
@@ -74,7 +73,6 @@ class PcieSet:
     rows: tuple[ReferenceRow, ...]  # decode-only cells to simulate
     capacities: tuple[Capacity, ...]
     skipped: tuple[Skipped, ...]  # every other row, with why
-    images: dict[str, str]  # row id → the build it ran on
 
 
 def bundled_path() -> Path:
@@ -84,15 +82,7 @@ def bundled_path() -> Path:
 def read_set(path: Path | None = None) -> PcieSet:
     """Every row of the file: the decode-only cells to predict, the KV capacities to compare, and the rest with why."""
     path = path or bundled_path()
-    try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-            if missing:
-                raise SpecError(f"{path}: not a PCIe set file: no column {', '.join(missing)}")
-            points = list(reader)
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+    points = read_table(path, COLUMNS, "a PCIe set file")
     rows, skipped, logs = [], [], {}
     for p in points:
         try:
@@ -109,8 +99,7 @@ def read_set(path: Path | None = None) -> PcieSet:
             skipped.append(Skipped(id=p["id"], reason=row))
         if p["kv_tokens"] and p["command"] and not p["excluded"] and find_by_repo(p["checkpoint"]):
             logs.setdefault((p["command"], p["n_gpus"], p["release"], p["kv_tokens"]), p)
-    images = {p["id"]: p["image"] for p in points}
-    return PcieSet(tuple(rows), tuple(_capacity(p) for p in logs.values()), tuple(skipped), images)
+    return PcieSet(tuple(rows), tuple(_capacity(p) for p in logs.values()), tuple(skipped))
 
 
 def _row(p: dict[str, str]) -> ReferenceRow | str | None:
